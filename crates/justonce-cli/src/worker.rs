@@ -1,0 +1,140 @@
+//! `justonce worker`: the order/payment consumer as a process of its own, so tests and the
+//! lab can kill it for real.
+//!
+//! Fault points: `JUSTONCE_FAULT_PAUSE=POINT:MS` (POINT one of `after-ack`,
+//! `before-commit`, `after-commit`) makes the worker print `justonce-fault-point POINT` on
+//! stderr and sleep MS milliseconds at that point of every batch, so a test can SIGKILL it
+//! exactly there. Without the variable nothing pauses.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use justonce::sql::{SqliteQueue, SqliteQueueOptions, SqliteStore};
+use justonce::{
+    async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Semantics,
+};
+
+use crate::orders::{self, PaymentHandler};
+
+/// Arguments of `justonce worker`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// Transport URL (sqlite:PATH).
+    #[arg(long, value_name = "URL")]
+    transport: String,
+    /// Store URL (sqlite:PATH).
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// Queue name.
+    #[arg(long, default_value = "orders")]
+    queue: String,
+    /// Consumer name (the first half of every dedup key).
+    #[arg(long, default_value = "payments")]
+    consumer: String,
+    /// at-most-once, at-least-once or effectively-once.
+    #[arg(long, default_value = "effectively-once")]
+    semantics: Semantics,
+    /// Deliveries per batch.
+    #[arg(long, default_value_t = 50)]
+    batch_size: usize,
+    /// Lease of a delivery in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
+    /// Exit 0 once the queue holds nothing (instead of waiting for SIGINT/SIGTERM).
+    #[arg(long)]
+    exit_when_drained: bool,
+}
+
+pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let mut qopts = SqliteQueueOptions::default();
+    qopts.lease = Duration::from_millis(args.lease_ms);
+    let queue = SqliteQueue::open_with(&args.transport, &args.queue, qopts).await?;
+    let store = SqliteStore::open(&args.store).await?;
+    orders::setup(&store, false).await?;
+    let mut opts = ConsumerOptions::new(args.consumer);
+    opts.semantics = args.semantics;
+    opts.batch_size = args.batch_size;
+    opts.receive_wait = Duration::from_millis(100);
+    let mut consumer = Consumer::new(opts, queue.clone(), store, PaymentHandler::default())?;
+    if let Some(hook) = PauseHook::from_env()? {
+        consumer = consumer.with_fault_hook(Arc::new(hook));
+    }
+    let drained = {
+        let queue = queue.clone();
+        async move {
+            if !args.exit_when_drained {
+                return std::future::pending().await;
+            }
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if queue.stats().await.is_ok_and(|s| s.pending == 0) {
+                    return;
+                }
+            }
+        }
+    };
+    let shutdown = async {
+        tokio::select! {
+            _ = justonce::shutdown_signal() => {}
+            _ = drained => {}
+        }
+    };
+    consumer.run_until(shutdown).await?;
+    Ok(())
+}
+
+/// Pauses at one fault point of every batch, announcing it on stderr.
+struct PauseHook {
+    point: FaultPoint,
+    pause: Duration,
+}
+
+impl PauseHook {
+    fn from_env() -> anyhow::Result<Option<Self>> {
+        let Ok(spec) = std::env::var("JUSTONCE_FAULT_PAUSE") else {
+            return Ok(None);
+        };
+        let (point, ms) = spec
+            .split_once(':')
+            .context("JUSTONCE_FAULT_PAUSE must be POINT:MS")?;
+        let point = [
+            FaultPoint::AfterAck,
+            FaultPoint::BeforeCommit,
+            FaultPoint::AfterCommit,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == point)
+        .with_context(|| {
+            format!("unknown fault point `{point}`: use after-ack, before-commit or after-commit")
+        })?;
+        let ms: u64 = ms
+            .parse()
+            .context("JUSTONCE_FAULT_PAUSE: MS must be a number")?;
+        Ok(Some(PauseHook {
+            point,
+            pause: Duration::from_millis(ms),
+        }))
+    }
+}
+
+#[async_trait]
+impl FaultHook for PauseHook {
+    async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
+        if point == self.point {
+            {
+                let mut err = std::io::stderr().lock();
+                let _ = writeln!(
+                    err,
+                    "justonce-fault-point {} batch={}",
+                    point.as_str(),
+                    batch.len()
+                );
+                let _ = err.flush();
+            }
+            tokio::time::sleep(self.pause).await;
+        }
+        false
+    }
+}

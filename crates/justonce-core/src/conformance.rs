@@ -1,0 +1,272 @@
+//! Conformance suites: the contracts of [`Source`], [`Publisher`] and [`DedupStore`],
+//! written once and run against every backend (the in-memory ones on every `cargo test`,
+//! the SQL and broker ones against real services).
+//!
+//! Each suite panics with a message naming the broken rule. Backend authors call them from
+//! their own tests:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use justonce_core::{conformance, memory::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! conformance::dedup_store(Arc::new(MemoryStore::new()), "doc").await;
+//! # }
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{
+    Claim, DeadLetterReason, DedupKey, DedupStore, Fingerprint, Message, MessageId, Publisher,
+    Source,
+};
+
+fn id(s: &str) -> MessageId {
+    MessageId::new(s).unwrap()
+}
+
+/// The [`DedupStore`] contract. `ns` keeps the keys of one run apart from other runs on
+/// a shared database.
+pub async fn dedup_store<S: DedupStore>(store: Arc<S>, ns: &str) {
+    let consumer = format!("{ns}-c");
+    let other = format!("{ns}-other");
+    let fp = Fingerprint::of(b"payload");
+    let m1 = id(&format!("{ns}-m1"));
+    let key = DedupKey {
+        consumer: &consumer,
+        message_id: &m1,
+    };
+
+    // A fresh key is Fresh; after commit it is a Duplicate; with another payload a Conflict.
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.claim(&mut tx, key, fp).await.unwrap(),
+        Claim::Fresh,
+        "first claim is fresh"
+    );
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.claim(&mut tx, key, fp).await.unwrap(),
+        Claim::Duplicate,
+        "a committed claim makes the same key a duplicate"
+    );
+    let other_fp = Fingerprint::of(b"another payload");
+    assert_eq!(
+        store.claim(&mut tx, key, other_fp).await.unwrap(),
+        Claim::Conflict { stored: fp },
+        "same id, other payload is a conflict naming the stored fingerprint"
+    );
+    store.rollback(tx).await.unwrap();
+
+    // Keys are scoped by consumer (invariant 2).
+    let mut tx = store.begin().await.unwrap();
+    let other_key = DedupKey {
+        consumer: &other,
+        message_id: &m1,
+    };
+    assert_eq!(
+        store.claim(&mut tx, other_key, fp).await.unwrap(),
+        Claim::Fresh,
+        "another consumer's claim of the same message id is fresh"
+    );
+    store.commit(tx).await.unwrap();
+
+    // A rolled-back claim leaves nothing behind.
+    let m2 = id(&format!("{ns}-m2"));
+    let key2 = DedupKey {
+        consumer: &consumer,
+        message_id: &m2,
+    };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.claim(&mut tx, key2, fp).await.unwrap(), Claim::Fresh);
+    store.rollback(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.claim(&mut tx, key2, fp).await.unwrap(),
+        Claim::Fresh,
+        "rollback discards a claim"
+    );
+    store.rollback(tx).await.unwrap();
+
+    // A claim rolled back to its savepoint is gone; the rest of the transaction commits.
+    let m3 = id(&format!("{ns}-m3"));
+    let key3 = DedupKey {
+        consumer: &consumer,
+        message_id: &m3,
+    };
+    let mut tx = store.begin().await.unwrap();
+    store.savepoint(&mut tx).await.unwrap();
+    assert_eq!(store.claim(&mut tx, key2, fp).await.unwrap(), Claim::Fresh);
+    store.release_savepoint(&mut tx).await.unwrap();
+    store.savepoint(&mut tx).await.unwrap();
+    assert_eq!(store.claim(&mut tx, key3, fp).await.unwrap(), Claim::Fresh);
+    store.rollback_to_savepoint(&mut tx).await.unwrap();
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.claim(&mut tx, key2, fp).await.unwrap(),
+        Claim::Duplicate,
+        "released savepoint commits"
+    );
+    assert_eq!(
+        store.claim(&mut tx, key3, fp).await.unwrap(),
+        Claim::Fresh,
+        "rolled-back savepoint discards"
+    );
+    store.rollback(tx).await.unwrap();
+
+    // Two transactions claiming one key at the same time: exactly one commits it as Fresh.
+    let m4 = id(&format!("{ns}-m4"));
+    let mut wins = 0;
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let store = store.clone();
+        let consumer = consumer.clone();
+        let m4 = m4.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..50 {
+                let mut tx = match store.begin().await {
+                    Ok(tx) => tx,
+                    Err(e) if e.is_transient() => continue,
+                    Err(e) => panic!("begin failed: {e}"),
+                };
+                let key = DedupKey {
+                    consumer: &consumer,
+                    message_id: &m4,
+                };
+                match store.claim(&mut tx, key, fp).await {
+                    Ok(Claim::Fresh) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        match store.commit(tx).await {
+                            Ok(()) => return true,
+                            Err(e) if e.is_transient() => continue,
+                            Err(e) => panic!("commit failed: {e}"),
+                        }
+                    }
+                    Ok(_) => return false,
+                    Err(e) if e.is_transient() => {
+                        drop(tx);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => panic!("claim failed: {e}"),
+                }
+            }
+            panic!("a concurrent claim never settled");
+        }));
+    }
+    for t in tasks {
+        wins += usize::from(t.await.unwrap());
+    }
+    assert_eq!(
+        wins, 1,
+        "two concurrent claims of one key: exactly one wins"
+    );
+
+    // Purge removes records older than the retention, and only those.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut purged = 0;
+    loop {
+        let n = store.purge(Duration::from_millis(1), 2).await.unwrap();
+        assert!(n <= 2, "purge deletes at most its batch");
+        purged += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(
+        purged >= 4,
+        "purge deleted the old records (deleted {purged})"
+    );
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.claim(&mut tx, key, fp).await.unwrap(),
+        Claim::Fresh,
+        "a purged key is fresh again"
+    );
+    store.rollback(tx).await.unwrap();
+    assert_eq!(
+        store.purge(Duration::from_secs(3600), 1000).await.unwrap(),
+        0,
+        "recent records stay"
+    );
+}
+
+/// The [`Source`] + [`Publisher`] contract, on a queue constructed with `lease` and
+/// holding no messages.
+pub async fn queue<Q: Source + Publisher>(q: &Q, lease: Duration, ns: &str) {
+    let m = |n: &str| {
+        Message::new(format!("payload {n}"))
+            .with_id(format!("{ns}-{n}"))
+            .unwrap()
+    };
+    q.publish(&m("a")).await.unwrap();
+    q.publish_batch(&[m("b"), m("c")]).await.unwrap();
+
+    let got = q.receive(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(
+        got.len(),
+        3,
+        "receive returns every ready message up to max"
+    );
+    let ids: Vec<_> = got
+        .iter()
+        .map(|d| d.message.id().unwrap().as_str().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        [format!("{ns}-a"), format!("{ns}-b"), format!("{ns}-c")],
+        "in publish order"
+    );
+    assert!(
+        got.iter().all(|d| d.attempt == 1 && !d.redelivered),
+        "first delivery is attempt 1"
+    );
+    assert_eq!(got[0].message.payload(), b"payload a");
+    assert!(
+        q.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        "leased messages are not delivered twice"
+    );
+
+    // Ack a; nack b with a delay; let c's lease run out.
+    q.ack(&[&got[0].receipt]).await.unwrap();
+    q.nack(&got[1].receipt, lease * 3).await.unwrap();
+    let again = q.receive(10, lease * 2).await.unwrap();
+    assert_eq!(
+        again.len(),
+        1,
+        "an expired lease delivers the message again"
+    );
+    assert_eq!(again[0].message.id().unwrap().as_str(), format!("{ns}-c"));
+    assert_eq!(again[0].attempt, 2, "the transport counts attempts");
+    assert!(again[0].redelivered);
+
+    // A stale receipt (c's first lease) does not ack the new delivery.
+    q.ack(&[&got[2].receipt]).await.unwrap();
+    q.nack(&again[0].receipt, Duration::ZERO).await.unwrap();
+    let c3 = q.receive(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(c3.len(), 1, "a stale ack is ignored");
+    assert_eq!(c3[0].attempt, 3);
+
+    // Dead-letter c with a reason.
+    let reason = DeadLetterReason {
+        error: "invalid input: test".into(),
+        attempts: 3,
+        source_queue: q.queue().into(),
+        consumer: "conformance".into(),
+    };
+    q.dead_letter(&c3[0], &reason).await.unwrap();
+
+    // b comes back after its nack delay.
+    let b = q.receive(10, lease * 4).await.unwrap();
+    assert_eq!(b.len(), 1, "a nacked message comes back after its delay");
+    assert_eq!(b[0].message.id().unwrap().as_str(), format!("{ns}-b"));
+    q.ack(&[&b[0].receipt]).await.unwrap();
+    assert!(
+        q.receive(10, lease * 2).await.unwrap().is_empty(),
+        "acked and dead-lettered messages never return"
+    );
+}

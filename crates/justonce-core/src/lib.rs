@@ -1,0 +1,42 @@
+//! The vocabulary and contracts of [justonce](https://docs.rs/justonce): what a message,
+//! a delivery, a semantics and a handler's outcome are, and the small traits at the seams
+//! ([`Source`], [`Publisher`], [`Store`], [`DedupStore`]).
+//!
+//! Most users depend on the `justonce` crate, which re-exports all of this next to the
+//! runtime. Depend on `justonce-core` directly to write a backend.
+//!
+//! **This crate does no I/O.** The [`memory`] module has in-memory implementations of the
+//! traits for tests.
+//!
+//! # Feature flags
+//!
+//! - `sqlx`: `From<sqlx::Error>` for [`Error`], classifying busy, connection and unique
+//!   violation errors. Enabled by `justonce-sql`.
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85.
+
+mod backoff;
+pub mod conformance;
+mod delivery;
+mod error;
+pub mod memory;
+mod message;
+mod semantics;
+#[cfg(feature = "sqlx")]
+mod sqlx_error;
+mod store;
+mod transport;
+
+pub use backoff::ExponentialBackoff;
+pub use delivery::{Delivery, Receipt};
+pub use error::{Error, ErrorKind, Result};
+pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
+pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
+pub use store::{Claim, DedupKey, DedupStore, Store};
+pub use transport::{Publisher, Source};
+
+/// Fails to compile if a seam trait stops being object-safe.
+#[allow(dead_code)]
+fn _obj_safe(_: &dyn Source, _: &dyn Publisher, _: &dyn DedupStore<Tx = memory::MemoryTx>) {}

@@ -1,0 +1,49 @@
+//! The transport seams: where deliveries come from and where messages go.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{DeadLetterReason, Delivery, Message, Receipt, Result};
+
+/// Where deliveries come from, and where they are settled.
+///
+/// Object-safe: the runtime holds an `Arc<dyn Source>`.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// The queue's name, recorded with dead letters.
+    fn queue(&self) -> &str;
+
+    /// Up to `max` deliveries. Waits at most `wait` for the first one; returns an empty
+    /// vector when none arrived in that time. Each delivery is leased to this caller until
+    /// it is settled or its lease runs out, when the transport delivers it again.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>>;
+
+    /// Acknowledges deliveries: the transport forgets them. A receipt whose lease has
+    /// already run out is ignored (the message was handed to someone else).
+    async fn ack(&self, receipts: &[&Receipt]) -> Result<()>;
+
+    /// Gives a delivery back, to be delivered again no sooner than `delay`.
+    async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()>;
+
+    /// Moves a delivery to the dead-letter queue with its reason, and acks it.
+    async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()>;
+
+    /// The longest time a delivery can be held back by the transport itself (leases,
+    /// broker-side delays), for the retention check of DESIGN.md invariant 6.
+    fn redelivery_delay(&self) -> Duration;
+}
+
+/// Where messages are published.
+///
+/// A publish returns `Ok` only once the transport has made the message durable (a
+/// committed row, a publisher confirm). An error means "unknown": publish again with the
+/// same id, and the consumer's dedup absorbs the duplicate that may result.
+#[async_trait]
+pub trait Publisher: Send + Sync {
+    /// Publishes one message durably.
+    async fn publish(&self, message: &Message) -> Result<()>;
+
+    /// Publishes several messages; on success all of them are durable.
+    async fn publish_batch(&self, messages: &[Message]) -> Result<()>;
+}

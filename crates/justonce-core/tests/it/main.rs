@@ -1,0 +1,4 @@
+//! Tests of the core through its public API.
+
+mod conformance;
+mod properties;

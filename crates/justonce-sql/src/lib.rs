@@ -1,0 +1,27 @@
+//! justonce on SQL, through [sqlx](https://docs.rs/sqlx).
+//!
+//! - [`SqliteQueue`]: the embedded default transport. A durable queue in a SQLite file (WAL,
+//!   `synchronous=FULL`): leases so a delivery whose consumer died comes back, attempts
+//!   counted by the queue, delayed nacks, and a dead-letter table with reasons.
+//! - [`SqliteStore`]: the dedup store. Its transactions are `sqlx` transactions
+//!   ([`SqliteTx`]): your handler's business writes and the dedup record commit together.
+//!
+//! URLs are `sqlite:PATH` (created if missing).
+//!
+//! ```no_run
+//! use justonce_core::{Message, Publisher};
+//! use justonce_sql::SqliteQueue;
+//!
+//! # async fn run() -> justonce_core::Result<()> {
+//! let queue = SqliteQueue::open("sqlite:queue.db", "orders").await?;
+//! queue.publish(&Message::new(r#"{"order_id":"ORD-1"}"#).with_id("ORD-1")?).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85.
+
+mod sqlite;
+
+pub use sqlite::{DeadLetter, QueueStats, SqliteQueue, SqliteQueueOptions, SqliteStore, SqliteTx};

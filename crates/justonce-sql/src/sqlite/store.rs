@@ -1,0 +1,148 @@
+use std::time::Duration;
+
+use async_trait::async_trait;
+use justonce_core::{Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
+use sqlx::{Sqlite, SqlitePool};
+
+use super::{connect, NOW_MS};
+
+/// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
+pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jo_dedup (
+    consumer     TEXT    NOT NULL,
+    message_id   TEXT    NOT NULL,
+    fingerprint  TEXT    NOT NULL,
+    processed_at INTEGER NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jo_dedup_processed_at ON jo_dedup (processed_at);
+";
+
+/// The dedup store on SQLite, in the same file as your business tables.
+///
+/// Transactions start with `BEGIN IMMEDIATE`, so a handler that reads before it writes
+/// cannot fail on a stale snapshot under SQLite's single writer.
+///
+/// ```no_run
+/// use justonce_sql::SqliteStore;
+///
+/// # async fn run() -> justonce_core::Result<()> {
+/// let store = SqliteStore::open("sqlite:app.db").await?;
+/// sqlx::query("CREATE TABLE IF NOT EXISTS ledger (order_id TEXT, cents INTEGER)")
+///     .execute(store.pool())
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the SQLite file at `url` and its dedup table.
+    pub async fn open(url: &str) -> Result<Self> {
+        let pool = connect(url, true, 4).await?;
+        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+
+    /// The pool: create your business tables and read results through it.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    type Tx = SqliteTx;
+
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn begin(&self) -> Result<SqliteTx> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn commit(&self, tx: SqliteTx) -> Result<()> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: SqliteTx) -> Result<()> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
+        sqlx::query("SAVEPOINT jo_message")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
+        sqlx::query("RELEASE SAVEPOINT jo_message")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
+        sqlx::query("ROLLBACK TO SAVEPOINT jo_message")
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query("RELEASE SAVEPOINT jo_message")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DedupStore for SqliteStore {
+    async fn claim(&self, tx: &mut SqliteTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
+        let sql = format!(
+            "INSERT INTO jo_dedup (consumer, message_id, fingerprint, processed_at)
+             VALUES (?, ?, ?, {NOW_MS}) ON CONFLICT (consumer, message_id) DO NOTHING"
+        );
+        let inserted = sqlx::query(&sql)
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .bind(fp.to_hex())
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == 1 {
+            return Ok(Claim::Fresh);
+        }
+        let stored: String = sqlx::query_scalar(
+            "SELECT fingerprint FROM jo_dedup WHERE consumer = ? AND message_id = ?",
+        )
+        .bind(key.consumer)
+        .bind(key.message_id.as_str())
+        .fetch_one(&mut **tx)
+        .await?;
+        Ok(match Fingerprint::from_hex(&stored) {
+            Some(s) if s == fp => Claim::Duplicate,
+            Some(s) => Claim::Conflict { stored: s },
+            None => Claim::Conflict {
+                stored: Fingerprint::of(stored.as_bytes()),
+            },
+        })
+    }
+
+    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        let sql = format!(
+            "DELETE FROM jo_dedup WHERE (consumer, message_id) IN (
+                 SELECT consumer, message_id FROM jo_dedup WHERE processed_at < {NOW_MS} - ? LIMIT ?)"
+        );
+        let n = sqlx::query(&sql)
+            .bind(retention.as_millis() as i64)
+            .bind(batch as i64)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n)
+    }
+}

@@ -1,0 +1,504 @@
+//! The consumer: receive a batch, handle it in one transaction, commit, then settle.
+//!
+//! # The three semantics
+//!
+//! The only difference between them is *when* a delivery is acked relative to its effect
+//! (DESIGN.md invariant 1):
+//!
+//! - [`Semantics::AtMostOnce`]: the batch is acked as soon as it arrives, then handled. A
+//!   crash in between loses those messages; the consumer itself never applies one twice.
+//! - [`Semantics::AtLeastOnce`]: the batch is handled in one transaction, committed, then
+//!   acked. A crash after the commit and before the ack (or a lost ack) makes the transport
+//!   deliver the batch again, and the effect is applied twice.
+//! - [`Semantics::EffectivelyOnce`]: as at-least-once, but each message first claims its
+//!   dedup key `(consumer, message id)` in the same transaction. A redelivery finds the key
+//!   and is acked as a [`Disposition::Duplicate`] without running the handler.
+//!
+//! # A batch
+//!
+//! One transaction per batch, one savepoint per message: a message that fails rolls back
+//! alone. Acks go out only after the commit. Bad input (no id, oversized payload, an id
+//! seen before with another payload) is dead-lettered with a reason, never retried.
+
+mod fault;
+mod handler;
+mod options;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce_core::{
+    Claim, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
+    ExponentialBackoff, Result, Semantics, Source,
+};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+pub use fault::{FaultHook, FaultPoint};
+pub use handler::{Context, Handler};
+pub use options::{ConflictPolicy, ConsumerOptions};
+
+/// A consumer: a [`Source`], a [`DedupStore`] and a [`Handler`] run under
+/// [`ConsumerOptions`].
+///
+/// ```no_run
+/// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result, async_trait};
+/// # use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
+/// # struct MyHandler;
+/// # #[async_trait] impl Handler<SqliteTx> for MyHandler {
+/// #     async fn handle(&self, _: &Context<'_>, _: &mut SqliteTx) -> Result<Disposition> { Ok(Disposition::Ok) }
+/// # }
+/// # async fn run() -> Result<()> {
+/// let queue = SqliteQueue::open("sqlite:queue.db", "orders").await?;
+/// let store = SqliteStore::open("sqlite:app.db").await?;
+/// let consumer = Consumer::new(ConsumerOptions::new("billing"), queue, store, MyHandler)?;
+/// consumer.run_until(justonce::shutdown_signal()).await?;
+/// # Ok(()) }
+/// ```
+pub struct Consumer<S: DedupStore, H> {
+    inner: Arc<Inner<S, H>>,
+}
+
+struct Inner<S: DedupStore, H> {
+    source: Arc<dyn Source>,
+    store: Arc<S>,
+    handler: H,
+    opts: ConsumerOptions,
+    backoff: ExponentialBackoff,
+    faults: Option<Arc<dyn FaultHook>>,
+}
+
+/// What happened to one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchReport {
+    /// Deliveries in the batch.
+    pub received: usize,
+    /// Handler runs.
+    pub handled: usize,
+    /// Deliveries acked (whatever their outcome).
+    pub acked: usize,
+    /// Acked as duplicates without (or after) running the handler.
+    pub duplicates: usize,
+    /// Handed back for a later retry.
+    pub retried: usize,
+    /// Dead-lettered.
+    pub dead_lettered: usize,
+    /// The batch was abandoned by a fault hook's crash.
+    pub crashed: bool,
+}
+
+#[derive(Debug)]
+enum Settle {
+    Pending,
+    Ack {
+        duplicate: bool,
+    },
+    Nack(Duration),
+    DeadLetter(String),
+    /// At-most-once: acked before handling, nothing left to do.
+    Done,
+}
+
+impl<S, H> Consumer<S, H>
+where
+    S: DedupStore,
+    H: Handler<S::Tx>,
+{
+    /// A consumer of `source` that runs `handler` in transactions of `store`.
+    ///
+    /// Fails when the options are unsafe: an invalid name, a batch size of 0, or a dedup
+    /// retention shorter than the redelivery horizon (DESIGN.md invariant 6).
+    pub fn new(
+        opts: ConsumerOptions,
+        source: impl Source + 'static,
+        store: S,
+        handler: H,
+    ) -> Result<Self> {
+        Self::with_shared(opts, Arc::new(source), Arc::new(store), handler)
+    }
+
+    /// As [`Consumer::new`], with a source and store shared with other parts of the program.
+    pub fn with_shared(
+        opts: ConsumerOptions,
+        source: Arc<dyn Source>,
+        store: Arc<S>,
+        handler: H,
+    ) -> Result<Self> {
+        justonce_core::validate_consumer_name(&opts.name)?;
+        if opts.batch_size == 0 || opts.concurrency == 0 || opts.max_attempts == 0 {
+            return Err(Error::config(
+                "batch_size, concurrency and max_attempts must each be at least 1",
+            ));
+        }
+        if let Some(retention) = opts.retention {
+            let horizon = opts.redelivery_horizon(source.redelivery_delay());
+            if opts.semantics == Semantics::EffectivelyOnce && retention <= horizon {
+                return Err(Error::config(format!(
+                    "dedup retention of {retention:?} is not longer than the redelivery horizon of \
+                     {horizon:?} (retries x backoff_max + attempts x transport delay): a message \
+                     redelivered after its record is purged would be applied twice; raise retention \
+                     above {horizon:?} or lower max_attempts/backoff_max"
+                )));
+            }
+        }
+        let backoff =
+            ExponentialBackoff::new(opts.backoff_base, opts.backoff_max).with_seed(opts.seed);
+        Ok(Consumer {
+            inner: Arc::new(Inner {
+                source,
+                store,
+                handler,
+                opts,
+                backoff,
+                faults: None,
+            }),
+        })
+    }
+
+    /// Installs a fault hook (tests, demo, lab). Call before running.
+    pub fn with_fault_hook(self, hook: Arc<dyn FaultHook>) -> Self {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.faults = Some(hook);
+                Consumer {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(inner) => Consumer { inner },
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ConsumerOptions {
+        &self.inner.opts
+    }
+
+    /// Receives one batch (waiting up to `receive_wait` for it) and processes it.
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        let batch = self.inner.receive_batch().await?;
+        if batch.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        self.inner.process(batch).await
+    }
+
+    /// Runs `concurrency` batch loops until `shutdown` resolves, then stops receiving,
+    /// finishes the batches in flight (commit and ack) and returns.
+    pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..self.inner.opts.concurrency {
+            let inner = self.inner.clone();
+            let stop = stop_rx.clone();
+            tasks.spawn(async move { inner.worker(worker, stop).await });
+        }
+        if let Some(retention) = self.inner.opts.retention {
+            let inner = self.inner.clone();
+            let stop = stop_rx.clone();
+            tasks.spawn(async move { inner.purge_loop(retention, stop).await });
+        }
+        tokio::pin!(shutdown);
+        let mut first_error = None;
+        tokio::select! {
+            _ = &mut shutdown => {}
+            Some(res) = tasks.join_next() => {
+                first_error = flatten(res).err();
+            }
+        }
+        let _ = stop_tx.send(true);
+        while let Some(res) = tasks.join_next().await {
+            if let Err(e) = flatten(res) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+fn flatten(res: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
+    res.map_err(|e| {
+        Error::new(
+            justonce_core::ErrorKind::Handler,
+            format!("consumer task failed: {e}"),
+        )
+    })?
+}
+
+impl<S, H> Inner<S, H>
+where
+    S: DedupStore,
+    H: Handler<S::Tx>,
+{
+    async fn receive_batch(&self) -> Result<Vec<Delivery>> {
+        let max = self.opts.batch_size;
+        let mut batch = self.source.receive(max, self.opts.receive_wait).await?;
+        if !batch.is_empty() && batch.len() < max && !self.opts.linger.is_zero() {
+            tokio::time::sleep(self.opts.linger).await;
+            let more = self
+                .source
+                .receive(max - batch.len(), Duration::ZERO)
+                .await?;
+            batch.extend(more);
+        }
+        Ok(batch)
+    }
+
+    async fn worker(&self, worker: usize, mut stop: watch::Receiver<bool>) -> Result<()> {
+        let mut failures = 0u32;
+        while !*stop.borrow() {
+            let batch = tokio::select! {
+                _ = stop.changed() => break,
+                b = self.receive_batch() => b,
+            };
+            let result = match batch {
+                Ok(b) if b.is_empty() => continue,
+                Ok(b) => self.process(b).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => failures = 0,
+                Err(e) if e.is_transient() => {
+                    failures += 1;
+                    let pause = self.backoff.delay(failures);
+                    warn!(worker, error = %e.to_chain_string(), ?pause, "batch failed; deliveries come back after their lease");
+                    tokio::select! {
+                        _ = stop.changed() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge_loop(&self, retention: Duration, mut stop: watch::Receiver<bool>) -> Result<()> {
+        loop {
+            loop {
+                match self.store.purge(retention, 1000).await {
+                    Ok(n) if n == 1000 => tokio::task::yield_now().await,
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(error = %e.to_chain_string(), "dedup purge failed; will try again");
+                        break;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                _ = tokio::time::sleep(self.opts.purge_interval) => {}
+            }
+        }
+    }
+
+    fn reason(&self, d: &Delivery, error: String) -> DeadLetterReason {
+        DeadLetterReason {
+            error,
+            attempts: d.attempt,
+            source_queue: self.source.queue().to_owned(),
+            consumer: self.opts.name.clone(),
+        }
+    }
+
+    /// Bad input is settled before the handler ever sees it.
+    fn screen(&self, d: &Delivery) -> Settle {
+        let len = d.message.payload().len();
+        if len > self.opts.max_payload_bytes {
+            return Settle::DeadLetter(format!(
+                "invalid input: payload of {len} bytes exceeds the limit of {} bytes",
+                self.opts.max_payload_bytes
+            ));
+        }
+        if d.message.id().is_none() {
+            return Settle::DeadLetter(
+                "invalid input: message has no id (missing or empty); it cannot be deduplicated"
+                    .into(),
+            );
+        }
+        Settle::Pending
+    }
+
+    async fn crash_at(&self, point: FaultPoint, batch: &[Delivery], settles: &[Settle]) -> bool {
+        let Some(hook) = &self.faults else {
+            return false;
+        };
+        let live: Vec<&Delivery> = batch
+            .iter()
+            .zip(settles)
+            .filter(|(_, s)| !matches!(s, Settle::DeadLetter(_)))
+            .map(|(d, _)| d)
+            .collect();
+        let crash = hook.crash_at(point, &live).await;
+        if crash {
+            debug!(
+                point = point.as_str(),
+                batch = batch.len(),
+                "fault hook: consumer crashes"
+            );
+        }
+        crash
+    }
+
+    /// The disposition of a failed or retried message, with the attempt limit applied.
+    fn settle_for(&self, d: &Delivery, disposition: Disposition) -> Settle {
+        match disposition {
+            Disposition::Ok => Settle::Ack { duplicate: false },
+            Disposition::Duplicate => Settle::Ack { duplicate: true },
+            Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
+            Disposition::Retry { after, reason } => {
+                if d.attempt >= self.opts.max_attempts {
+                    Settle::DeadLetter(format!(
+                        "gave up after {} attempts (max_attempts {}): {reason}",
+                        d.attempt, self.opts.max_attempts
+                    ))
+                } else {
+                    Settle::Nack(after.unwrap_or_else(|| self.backoff.delay(d.attempt)))
+                }
+            }
+        }
+    }
+
+    async fn process(&self, batch: Vec<Delivery>) -> Result<BatchReport> {
+        let mut report = BatchReport {
+            received: batch.len(),
+            ..BatchReport::default()
+        };
+        let mut settles: Vec<Settle> = batch.iter().map(|d| self.screen(d)).collect();
+        let at_most_once = self.opts.semantics == Semantics::AtMostOnce;
+
+        if at_most_once {
+            let receipts: Vec<_> = batch
+                .iter()
+                .zip(&settles)
+                .filter(|(_, s)| matches!(s, Settle::Pending))
+                .map(|(d, _)| &d.receipt)
+                .collect();
+            self.source.ack(&receipts).await?;
+            report.acked += receipts.len();
+            if self.crash_at(FaultPoint::AfterAck, &batch, &settles).await {
+                report.crashed = true;
+                return Ok(report);
+            }
+        }
+
+        let mut tx = self.store.begin().await?;
+        for (d, settle) in batch.iter().zip(settles.iter_mut()) {
+            if !matches!(settle, Settle::Pending) {
+                continue;
+            }
+            self.store.savepoint(&mut tx).await?;
+            let disposition = self.handle_one(&mut tx, d, &mut report).await?;
+            match disposition {
+                Disposition::Ok => self.store.release_savepoint(&mut tx).await?,
+                _ => self.store.rollback_to_savepoint(&mut tx).await?,
+            }
+            *settle = if at_most_once {
+                match disposition {
+                    Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
+                    Disposition::Retry { reason, .. } => {
+                        warn!(consumer = %self.opts.name, %reason, "at-most-once: message acked before it failed; it is lost");
+                        Settle::Done
+                    }
+                    _ => Settle::Done,
+                }
+            } else {
+                self.settle_for(d, disposition)
+            };
+        }
+
+        if self
+            .crash_at(FaultPoint::BeforeCommit, &batch, &settles)
+            .await
+        {
+            report.crashed = true;
+            return Ok(report); // the transaction is dropped: rolled back
+        }
+        self.store.commit(tx).await?;
+        if self
+            .crash_at(FaultPoint::AfterCommit, &batch, &settles)
+            .await
+        {
+            report.crashed = true;
+            return Ok(report);
+        }
+        self.settle(&batch, settles, &mut report).await?;
+        Ok(report)
+    }
+
+    async fn handle_one(
+        &self,
+        tx: &mut S::Tx,
+        d: &Delivery,
+        report: &mut BatchReport,
+    ) -> Result<Disposition> {
+        let Some(id) = d.message.id() else {
+            return Ok(Disposition::dead_letter("invalid input: message has no id"));
+        };
+        if self.opts.semantics == Semantics::EffectivelyOnce {
+            let key = DedupKey {
+                consumer: &self.opts.name,
+                message_id: id,
+            };
+            let fp = d.message.fingerprint();
+            match self.store.claim(tx, key, fp).await? {
+                Claim::Fresh => {}
+                Claim::Duplicate => return Ok(Disposition::Duplicate),
+                Claim::Conflict { stored } => {
+                    return Ok(match self.opts.on_conflict {
+                        ConflictPolicy::Ignore => Disposition::Duplicate,
+                        ConflictPolicy::DeadLetter => Disposition::dead_letter(format!(
+                            "conflict: message id {id} was already processed with another payload \
+                             (stored fingerprint {stored}, this one {fp})"
+                        )),
+                    });
+                }
+            }
+        }
+        report.handled += 1;
+        let cx = Context {
+            delivery: d,
+            consumer: &self.opts.name,
+        };
+        Ok(match self.handler.handle(&cx, tx).await {
+            Ok(disposition) => disposition,
+            Err(e) => Disposition::from_error(&e),
+        })
+    }
+
+    async fn settle(
+        &self,
+        batch: &[Delivery],
+        settles: Vec<Settle>,
+        report: &mut BatchReport,
+    ) -> Result<()> {
+        let mut acks = Vec::new();
+        for (d, settle) in batch.iter().zip(settles) {
+            match settle {
+                Settle::Ack { duplicate } => {
+                    report.duplicates += usize::from(duplicate);
+                    let lost = self.faults.as_ref().is_some_and(|f| f.lose_ack(d));
+                    if !lost {
+                        acks.push(&d.receipt);
+                    }
+                }
+                Settle::Nack(delay) => {
+                    report.retried += 1;
+                    self.source.nack(&d.receipt, delay).await?;
+                }
+                Settle::DeadLetter(error) => {
+                    report.dead_lettered += 1;
+                    let reason = self.reason(d, error);
+                    warn!(consumer = %self.opts.name, id = ?d.message.id().map(|i| i.as_str()), %reason, "dead-lettered");
+                    self.source.dead_letter(d, &reason).await?;
+                }
+                Settle::Done | Settle::Pending => {}
+            }
+        }
+        if !acks.is_empty() {
+            self.source.ack(&acks).await?;
+            report.acked += acks.len();
+        }
+        Ok(())
+    }
+}
