@@ -28,6 +28,7 @@ mod semantics;
 mod sqlx_error;
 mod store;
 mod transport;
+mod url;
 
 pub use backoff::ExponentialBackoff;
 pub use delivery::{Delivery, Receipt};
@@ -36,6 +37,7 @@ pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{Claim, DedupKey, DedupStore, Store};
 pub use transport::{Publisher, Source};
+pub use url::redact_url;
 
 /// Fails to compile if a seam trait stops being object-safe.
 #[allow(dead_code)]

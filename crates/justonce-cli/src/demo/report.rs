@@ -123,10 +123,11 @@ impl Report {
                 r.duplicate_effects
             ),
             _ => format!(
-                "effectively-once: the dedup record commits with the payment, so each of the {} \
-                 redeliveries found its key and was acked as a duplicate: {} lost, {} duplicate \
-                 effects; {} poison messages dead-lettered with a reason.",
-                r.deliveries.saturating_sub(r.sent), r.lost, r.duplicate_effects, r.dead_lettered
+                "effectively-once: the dedup record commits with the payment, so a delivery after \
+                 a commit finds its key and is acked without a second effect (the handler ran {} \
+                 times for {} deliveries), and one after a rollback finds no key and applies once: \
+                 {} lost, {} duplicate effects; {} poison messages dead-lettered with a reason.",
+                r.handler_runs, r.deliveries, r.lost, r.duplicate_effects, r.dead_lettered
             ),
         }
     }

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use justonce_core::{ExponentialBackoff, Fingerprint, MessageId, MAX_MESSAGE_ID_BYTES};
+use justonce_core::{redact_url, ExponentialBackoff, Fingerprint, MessageId, MAX_MESSAGE_ID_BYTES};
 use proptest::prelude::*;
 
 proptest! {
@@ -40,9 +40,23 @@ proptest! {
     }
 
     #[test]
+    fn redacted_urls_never_show_the_password(
+        scheme in "(amqp|postgres|mysql|redis|nats)",
+        user in "[a-z]{1,8}",
+        password in "[A-Za-z0-9%]{4,16}",
+        host in "[a-z]{1,8}(:[0-9]{2,5})?",
+        path in "(/[a-z0-9%]{0,8})?",
+    ) {
+        let url = format!("{scheme}://{user}:{password}@{host}{path}");
+        let red = redact_url(&url);
+        prop_assert!(!red.contains(&format!(":{password}@")), "{red}");
+        prop_assert_eq!(red, format!("{scheme}://{user}:***@{host}{path}"));
+    }
+
+    #[test]
     fn message_ids_are_non_blank_and_bounded(s in ".{0,300}") {
         let ok = !s.trim().is_empty() && s.len() <= MAX_MESSAGE_ID_BYTES;
-        prop_assert_eq!(MessageId::new(s.clone()).is_ok(), ok);
+        prop_assert_eq!(MessageId::new(s).is_ok(), ok);
     }
 }
 

@@ -6,7 +6,7 @@ mod store;
 use std::str::FromStr;
 use std::time::Duration;
 
-use justonce_core::{Error, ErrorKind, Result};
+use justonce_core::{redact_url, Error, ErrorKind, Result};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
@@ -20,12 +20,19 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 /// Opens a pool on a `sqlite:PATH` URL: WAL, `synchronous=FULL` unless `durable` is false.
 async fn connect(url: &str, durable: bool, max_connections: u32) -> Result<SqlitePool> {
     if !url.starts_with("sqlite:") {
+        let url = redact_url(url);
         return Err(Error::config(format!(
             "`{url}` is not a SQLite URL: use sqlite:PATH, for example sqlite:/tmp/justonce.db"
         )));
     }
     let opts = SqliteConnectOptions::from_str(url)
-        .map_err(|e| Error::with_source(ErrorKind::Config, format!("bad SQLite URL `{url}`"), e))?
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Config,
+                format!("bad SQLite URL `{}`", redact_url(url)),
+                e,
+            )
+        })?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(if durable {
@@ -38,5 +45,11 @@ async fn connect(url: &str, durable: bool, max_connections: u32) -> Result<Sqlit
         .max_connections(max_connections)
         .connect_with(opts)
         .await
-        .map_err(|e| Error::with_source(ErrorKind::Connect, format!("cannot open `{url}`"), e))
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Connect,
+                format!("cannot open `{}`", redact_url(url)),
+                e,
+            )
+        })
 }

@@ -277,7 +277,7 @@ where
         loop {
             loop {
                 match self.store.purge(retention, 1000).await {
-                    Ok(n) if n == 1000 => tokio::task::yield_now().await,
+                    Ok(1000) => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(e) => {
                         warn!(error = %e.to_chain_string(), "dedup purge failed; will try again");

@@ -1,0 +1,172 @@
+use std::process::Command;
+
+use serde_json::Value;
+
+fn demo(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .arg("demo")
+        .args(args)
+        .output()
+        .expect("the justonce binary runs")
+}
+
+fn json_demo(args: &[&str]) -> Value {
+    let out = demo(&[&["--json", "--lease-ms", "300"], args].concat());
+    assert!(
+        out.status.success(),
+        "demo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+fn row<'a>(report: &'a Value, semantics: &str) -> &'a Value {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["semantics"] == semantics)
+        .unwrap()
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a count in {v}"))
+}
+
+#[test]
+fn demo_json_keeps_the_contract_and_shows_each_semantic() {
+    let r = json_demo(&["--messages", "3000", "--seed", "1"]);
+    for key in [
+        "messages",
+        "seed",
+        "transport",
+        "store",
+        "strategy",
+        "id_strategy",
+        "faults",
+        "rows",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(r["transport"], "sqlite");
+    assert_eq!(r["strategy"], "dedup-table");
+    assert_eq!(r["id_strategy"], "message-id");
+    let faults = &r["faults"];
+    for key in [
+        "duplicate_publishes",
+        "crash_before_commit",
+        "crash_after_commit",
+        "ack_lost",
+        "crash_after_ack",
+        "poison",
+    ] {
+        assert!(n(faults, key) > 0, "the seed must plan some {key}");
+    }
+    let names: Vec<_> = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["semantics"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["at-most-once", "at-least-once", "effectively-once"]);
+    for r in r["rows"].as_array().unwrap() {
+        for key in [
+            "sent",
+            "deliveries",
+            "handler_runs",
+            "effects",
+            "lost",
+            "duplicate_effects",
+            "dead_lettered",
+        ] {
+            n(r, key);
+        }
+        assert!(r["seconds"].as_f64().unwrap() > 0.0 && r["msgs_per_sec"].as_f64().unwrap() > 0.0);
+        assert_eq!(n(r, "sent"), 3000, "one distinct id per order");
+    }
+    let poison = n(faults, "poison");
+
+    let amo = row(&r, "at-most-once");
+    assert!(n(amo, "lost") > 0, "at-most-once loses: {amo}");
+
+    let alo = row(&r, "at-least-once");
+    assert_eq!(n(alo, "lost"), 0, "{alo}");
+    assert!(
+        n(alo, "duplicate_effects") > 0,
+        "at-least-once duplicates: {alo}"
+    );
+    assert_eq!(n(alo, "dead_lettered"), poison);
+
+    let eo = row(&r, "effectively-once");
+    assert_eq!(n(eo, "lost"), 0, "{eo}");
+    assert_eq!(n(eo, "duplicate_effects"), 0, "{eo}");
+    assert!(
+        n(eo, "deliveries") > n(eo, "sent"),
+        "the faults caused redeliveries: {eo}"
+    );
+    assert_eq!(n(eo, "dead_lettered"), poison);
+    assert_eq!(
+        n(eo, "effects"),
+        3000 - poison,
+        "one effect per well-formed order"
+    );
+}
+
+#[test]
+fn fresh_uuids_per_publish_attempt_defeat_dedup() {
+    let r = json_demo(&[
+        "--messages",
+        "2000",
+        "--seed",
+        "3",
+        "--id-strategy",
+        "fresh-uuid",
+    ]);
+    let dups = n(&r["faults"], "duplicate_publishes");
+    assert!(dups > 0);
+    let eo = row(&r, "effectively-once");
+    assert_eq!(n(eo, "lost"), 0);
+    assert_eq!(
+        n(eo, "duplicate_effects"),
+        dups,
+        "every re-sent order took effect twice: {eo}"
+    );
+    assert_eq!(n(eo, "sent"), 2000 + dups, "each retry published a new id");
+
+    let out = demo(&[
+        "--messages",
+        "300",
+        "--seed",
+        "3",
+        "--id-strategy",
+        "fresh-uuid",
+        "--lease-ms",
+        "300",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(table.contains("effectively-once"), "{table}");
+    assert!(
+        table.contains("a producer id regenerated on retry defeats dedup"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_backend_that_is_not_built_is_a_clear_error() {
+    let out = demo(&[
+        "--transport",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        "--messages",
+        "10",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the amqp backend is not built yet"), "{err}");
+    assert!(
+        !err.contains("guest:guest"),
+        "credentials are never printed: {err}"
+    );
+}

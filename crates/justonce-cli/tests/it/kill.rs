@@ -1,0 +1,192 @@
+//! A consumer as a separate OS process on a SQLite queue, SIGKILLed mid-run (between
+//! commit and ack, before commit, and at a random moment), restarted, and checked from
+//! the business data.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use justonce::sql::{SqliteQueue, SqliteStore};
+use justonce::{Message, Publisher};
+use sqlx::Row;
+
+const ORDERS: usize = 600;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    queue: String,
+    store: String,
+}
+
+fn worker(s: &Setup, semantics: &str, pause: Option<&str>, exit_when_drained: bool) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_justonce"));
+    cmd.args([
+        "worker",
+        "--transport",
+        &s.queue,
+        "--store",
+        &s.store,
+        "--semantics",
+        semantics,
+    ])
+    .args(["--batch-size", "50", "--lease-ms", "400"])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    if exit_when_drained {
+        cmd.arg("--exit-when-drained");
+    }
+    match pause {
+        Some(p) => cmd.env("JUSTONCE_FAULT_PAUSE", p),
+        None => cmd.env_remove("JUSTONCE_FAULT_PAUSE"),
+    };
+    cmd.spawn().expect("worker starts")
+}
+
+/// Kills the worker with SIGKILL as soon as it announces its fault point.
+fn kill_at_fault_point(mut child: Child, point: &str) {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let marker = format!("justonce-fault-point {point}");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(&marker) {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    });
+    let seen = rx.recv_timeout(Duration::from_secs(60));
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    seen.unwrap_or_else(|_| panic!("the worker never reached {point}"));
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = format!("sqlite:{}", dir.path().join("queue.db").display());
+    let store = format!("sqlite:{}", dir.path().join("store.db").display());
+    let q = SqliteQueue::open(&queue, "orders").await.unwrap();
+    let msgs: Vec<Message> = (0..ORDERS)
+        .map(|i| {
+            let id = format!("ord-{i:05}");
+            Message::new(format!(
+                r#"{{"order_id":"{id}","account":{},"amount":{}}}"#,
+                i % 100 + 1,
+                i + 1
+            ))
+            .with_id(id)
+            .unwrap()
+        })
+        .collect();
+    q.publish_batch(&msgs).await.unwrap();
+    Setup {
+        _dir: dir,
+        queue,
+        store,
+    }
+}
+
+/// Ledger rows per order, whether balances match the ledger, and the queue's counts.
+async fn check(s: &Setup) -> (Vec<i64>, bool, u64, u64) {
+    let store = SqliteStore::open(&s.store).await.unwrap();
+    let counts: Vec<i64> = sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ? - 1)
+         SELECT (SELECT COUNT(*) FROM jo_demo_ledger WHERE order_id = printf('ord-%05d', i)) FROM n",
+    )
+    .bind(ORDERS as i64)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<i64, _>(0))
+    .collect();
+    let consistent: bool = sqlx::query_scalar(
+        "SELECT (SELECT SUM(balance) FROM jo_demo_accounts) = (SELECT SUM(amount) FROM jo_demo_ledger)",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let stats = SqliteQueue::open(&s.queue, "orders")
+        .await
+        .unwrap()
+        .stats()
+        .await
+        .unwrap();
+    (counts, consistent, stats.pending, stats.redeliveries)
+}
+
+fn run_with_kills(semantics: &str) -> (Vec<i64>, bool, u64, u64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(setup());
+    // Three kills between commit and ack, one before commit, one at a random moment.
+    for point in [
+        "after-commit",
+        "before-commit",
+        "after-commit",
+        "after-commit",
+    ] {
+        let child = worker(&s, semantics, Some(&format!("{point}:5000")), false);
+        kill_at_fault_point(child, point);
+    }
+    let mut child = worker(&s, semantics, None, false);
+    std::thread::sleep(Duration::from_millis(150 + fastrand::u64(0..200)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Restart and let it drain.
+    let mut child = worker(&s, semantics, None, true);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("the worker did not drain the queue in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the final worker exits 0 once drained");
+    rt.block_on(check(&s))
+}
+
+#[test]
+fn sigkilled_consumer_applies_every_message_exactly_once_under_effectively_once() {
+    let (counts, consistent, pending, redeliveries) = run_with_kills("effectively-once");
+    assert_eq!(pending, 0);
+    assert!(
+        redeliveries >= 50,
+        "the kills after commit caused redeliveries ({redeliveries})"
+    );
+    assert!(consistent, "balances add up to the ledger");
+    let wrong: Vec<(usize, i64)> = counts
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, c)| *c != 1)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "orders not applied exactly once (index, count): {wrong:?}"
+    );
+}
+
+#[test]
+fn the_same_kills_duplicate_effects_under_at_least_once() {
+    let (counts, consistent, pending, _) = run_with_kills("at-least-once");
+    assert_eq!(pending, 0);
+    assert!(consistent);
+    assert!(
+        counts.iter().all(|c| *c >= 1),
+        "at-least-once loses nothing"
+    );
+    let duplicated = counts.iter().filter(|c| **c > 1).count();
+    assert!(
+        duplicated >= 50,
+        "kills between commit and ack duplicate effects ({duplicated})"
+    );
+}

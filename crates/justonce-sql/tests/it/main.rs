@@ -1,0 +1,3 @@
+//! Tests of the SQL backends through their public API.
+
+mod sqlite;

@@ -1,0 +1,61 @@
+//! A payment published twice with one id (a publisher retry) is applied once.
+//!
+//! `cargo run -p quickstart`
+
+use std::time::Duration;
+
+use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
+use justonce::{
+    async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher,
+    Result,
+};
+
+struct Credit;
+
+#[async_trait]
+impl Handler<SqliteTx> for Credit {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
+        let p: serde_json::Value = cx.message().decode_json()?;
+        sqlx::query("UPDATE accounts SET balance = balance + ? WHERE id = ?")
+            .bind(p["amount"].as_i64())
+            .bind(p["account"].as_i64())
+            .execute(&mut **tx) // the same transaction as the dedup record
+            .await?;
+        Ok(Disposition::Ok)
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| justonce::Error::config(e.to_string()))?;
+    let url = |f: &str| format!("sqlite:{}", dir.path().join(f).display());
+    let queue = SqliteQueue::open(&url("queue.db"), "payments").await?;
+    let store = SqliteStore::open(&url("app.db")).await?;
+    sqlx::raw_sql("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER); INSERT INTO accounts VALUES (1, 0);")
+        .execute(store.pool())
+        .await?;
+
+    let pay = Message::new(r#"{"account":1,"amount":250}"#).with_id("ORD-1")?;
+    queue.publish(&pay).await?;
+    queue.publish(&pay).await?; // a publisher retry after a lost confirm: same id
+
+    let consumer = Consumer::new(
+        ConsumerOptions::new("billing"),
+        queue.clone(),
+        store.clone(),
+        Credit,
+    )?;
+    let drained = async {
+        while queue.stats().await.is_ok_and(|s| s.pending > 0) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    consumer.run_until(drained).await?;
+
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts WHERE id = 1")
+        .fetch_one(store.pool())
+        .await?;
+    println!("published twice, balance = {balance} (applied once)");
+    assert_eq!(balance, 250);
+    Ok(())
+}

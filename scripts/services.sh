@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Starts every local service the tests may use that is not answering on its port, and waits
+# for it. Loopback only. Safe to run again: a service that answers is left alone.
+set -u
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for() { # name port seconds
+  local i
+  for ((i = 0; i < $3 * 4; i++)); do
+    up "$2" && { echo "services: $1 up on :$2"; return 0; }
+    sleep 0.25
+  done
+  echo "services: $1 did not come up on :$2 within $3 s" >&2
+  return 1
+}
+
+start() { # name port seconds command...
+  local name=$1 port=$2 secs=$3
+  shift 3
+  if up "$port"; then
+    echo "services: $name already up on :$port"
+    return 0
+  fi
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "services: $name is down and $1 is not installed" >&2
+    return 1
+  fi
+  echo "services: starting $name"
+  "$@" >/dev/null 2>&1 || true
+  wait_for "$name" "$port" "$secs"
+}
+
+status=0
+start postgresql 5432 60 bash -c 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start' || status=1
+start mariadb 3306 60 start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || status=1
+start redis 6379 30 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || status=1
+start rabbitmq 5672 120 rabbitmq-server -detached || status=1
+start nats 4222 30 start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || status=1
+start mosquitto 1883 30 mosquitto -d -c /etc/mosquitto/mosquitto.conf || status=1
+exit $status
