@@ -190,3 +190,55 @@ fn the_same_kills_duplicate_effects_under_at_least_once() {
         "kills between commit and ack duplicate effects ({duplicated})"
     );
 }
+
+#[test]
+fn sigterm_mid_batch_finishes_commits_acks_and_exits_zero() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(setup());
+    let mut child = worker(&s, "effectively-once", Some("before-commit:1000"), false);
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let line = lines
+        .next()
+        .expect("the worker announces its fault point")
+        .unwrap();
+    assert!(
+        line.contains("justonce-fault-point before-commit batch=50"),
+        "{line}"
+    );
+    // The batch is handled, not yet committed: ask the worker to stop.
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    let (counts, consistent, pending, redeliveries) = rt.block_on(check(&s));
+    assert!(consistent);
+    assert_eq!(
+        counts.iter().filter(|c| **c == 1).count(),
+        50,
+        "the batch in flight committed"
+    );
+    assert!(counts.iter().all(|c| *c <= 1));
+    assert_eq!(
+        pending,
+        ORDERS as u64 - 50,
+        "and was acked; nothing else was received"
+    );
+    assert_eq!(redeliveries, 0);
+}
