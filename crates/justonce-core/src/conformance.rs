@@ -270,3 +270,184 @@ pub async fn queue<Q: Source + Publisher>(q: &Q, lease: Duration, ns: &str) {
         "acked and dead-lettered messages never return"
     );
 }
+
+/// The [`ClaimStore`](crate::ClaimStore) contract. `lease` is short (a few hundred
+/// milliseconds): the suite waits for leases to run out.
+pub async fn claim_store<C: crate::ClaimStore + 'static>(
+    claims: Arc<C>,
+    lease: Duration,
+    ns: &str,
+) {
+    use crate::ClaimState;
+    let consumer = format!("{ns}-c");
+    let fp = Fingerprint::of(b"effect");
+    fn key_of<'a>(consumer: &'a str, m: &'a MessageId) -> DedupKey<'a> {
+        DedupKey {
+            consumer,
+            message_id: m,
+        }
+    }
+
+    // Acquire; a second acquire while the lease runs is InProgress, never done.
+    let m1 = id(&format!("{ns}-k1"));
+    let ClaimState::Acquired { token: t1 } = claims
+        .acquire(key_of(&consumer, &m1), fp, lease)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    match claims
+        .acquire(key_of(&consumer, &m1), fp, lease)
+        .await
+        .unwrap()
+    {
+        ClaimState::InProgress { retry_after } => {
+            assert!(
+                retry_after <= lease,
+                "retry_after {retry_after:?} is within the lease {lease:?}"
+            )
+        }
+        other => panic!("a held claim is in progress, got {other:?}"),
+    }
+    // Release lets a retry take it at once, with a higher token.
+    claims.release(key_of(&consumer, &m1), t1).await.unwrap();
+    let ClaimState::Acquired { token: t2 } = claims
+        .acquire(key_of(&consumer, &m1), fp, lease)
+        .await
+        .unwrap()
+    else {
+        panic!("a released claim is acquired again");
+    };
+    assert!(
+        t2 > t1,
+        "the token grows on every new holder ({t1} -> {t2})"
+    );
+    // Completion stores the result; later acquires get it back.
+    claims
+        .complete(key_of(&consumer, &m1), t2, Some(b"receipt-42"))
+        .await
+        .unwrap();
+    assert_eq!(
+        claims
+            .acquire(key_of(&consumer, &m1), fp, lease)
+            .await
+            .unwrap(),
+        ClaimState::Completed {
+            result: Some(b"receipt-42".to_vec())
+        },
+        "a completed claim is a duplicate with its stored result"
+    );
+    assert_eq!(
+        claims
+            .acquire(key_of(&consumer, &m1), Fingerprint::of(b"other"), lease)
+            .await
+            .unwrap(),
+        ClaimState::Conflict { stored: fp },
+        "same id, other payload is a conflict"
+    );
+
+    // A holder that stalls past its lease is taken over; its late completion is refused.
+    let m2 = id(&format!("{ns}-k2"));
+    let ClaimState::Acquired { token: stale } = claims
+        .acquire(key_of(&consumer, &m2), fp, lease)
+        .await
+        .unwrap()
+    else {
+        panic!("acquire");
+    };
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let ClaimState::Acquired { token: fresh } = claims
+        .acquire(key_of(&consumer, &m2), fp, lease)
+        .await
+        .unwrap()
+    else {
+        panic!("an expired lease is taken over");
+    };
+    assert!(fresh > stale, "the takeover has a higher fencing token");
+    let err = claims
+        .complete(key_of(&consumer, &m2), stale, None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        crate::ErrorKind::Conflict,
+        "a stale completion is refused: {err}"
+    );
+    claims.release(key_of(&consumer, &m2), stale).await.unwrap();
+    assert!(
+        matches!(
+            claims
+                .acquire(key_of(&consumer, &m2), fp, lease)
+                .await
+                .unwrap(),
+            ClaimState::InProgress { .. }
+        ),
+        "a stale release does not free the new holder's claim"
+    );
+    claims
+        .complete(key_of(&consumer, &m2), fresh, None)
+        .await
+        .unwrap();
+
+    // Claims are scoped by consumer.
+    let other = format!("{ns}-other");
+    assert!(matches!(
+        claims
+            .acquire(
+                DedupKey {
+                    consumer: &other,
+                    message_id: &m1
+                },
+                fp,
+                lease
+            )
+            .await
+            .unwrap(),
+        ClaimState::Acquired { .. }
+    ));
+
+    // Two holders acquiring one key at once: exactly one gets it.
+    let m3 = id(&format!("{ns}-k3"));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let claims = claims.clone();
+        let consumer = consumer.clone();
+        let m3 = m3.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let key = DedupKey {
+                    consumer: &consumer,
+                    message_id: &m3,
+                };
+                match claims.acquire(key, fp, Duration::from_secs(30)).await {
+                    Ok(state) => return matches!(state, ClaimState::Acquired { .. }),
+                    Err(e) if e.is_transient() => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Err(e) => panic!("acquire failed: {e}"),
+                }
+            }
+        }));
+    }
+    let mut winners = 0;
+    for t in tasks {
+        winners += usize::from(t.await.unwrap());
+    }
+    assert_eq!(winners, 1, "concurrent acquires: exactly one holder");
+
+    // Purge removes old completed claims only.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let purged = claims.purge(Duration::from_millis(1), 1000).await.unwrap();
+    assert!(purged >= 2, "old completed claims are purged ({purged})");
+    assert!(
+        matches!(
+            claims
+                .acquire(key_of(&consumer, &m3), fp, Duration::from_secs(30))
+                .await
+                .unwrap(),
+            ClaimState::InProgress { .. }
+        ),
+        "in-progress claims are never purged"
+    );
+}

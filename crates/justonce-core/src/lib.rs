@@ -21,6 +21,8 @@ mod backoff;
 pub mod conformance;
 mod delivery;
 mod error;
+mod id;
+mod machine;
 pub mod memory;
 mod message;
 mod semantics;
@@ -33,12 +35,20 @@ mod url;
 pub use backoff::ExponentialBackoff;
 pub use delivery::{Delivery, Receipt};
 pub use error::{Error, ErrorKind, Result};
+pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
+pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
-pub use store::{Claim, DedupKey, DedupStore, Store};
+pub use store::{validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Store};
 pub use transport::{Publisher, Source};
 pub use url::redact_url;
 
 /// Fails to compile if a seam trait stops being object-safe.
 #[allow(dead_code)]
-fn _obj_safe(_: &dyn Source, _: &dyn Publisher, _: &dyn DedupStore<Tx = memory::MemoryTx>) {}
+fn _obj_safe(
+    _: &dyn Source,
+    _: &dyn Publisher,
+    _: &dyn DedupStore<Tx = memory::MemoryTx>,
+    _: &dyn ClaimStore,
+) {
+}

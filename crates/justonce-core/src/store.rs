@@ -73,3 +73,81 @@ pub trait DedupStore: Store {
     /// returns how many it deleted. Call it repeatedly; it never holds locks for long.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;
 }
+
+/// The answer of [`ClaimStore::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimState {
+    /// The caller holds the claim until its lease runs out. `token` grows on every
+    /// takeover: hand it to the effect (a fencing token) and back to
+    /// [`ClaimStore::complete`].
+    Acquired {
+        /// The fencing token.
+        token: u64,
+    },
+    /// Another holder is working on it: try again after `retry_after`, never ack as done.
+    InProgress {
+        /// Time left on the holder's lease.
+        retry_after: Duration,
+    },
+    /// The effect completed before: ack, and here is what it returned.
+    Completed {
+        /// The stored result.
+        result: Option<Vec<u8>>,
+    },
+    /// The key completed with another payload: not a duplicate, a conflict.
+    Conflict {
+        /// The fingerprint stored with the key.
+        stored: Fingerprint,
+    },
+}
+
+/// Claims with leases for effects no transaction covers (an email, a third-party API).
+///
+/// Weaker than [`DedupStore`]: if the holder dies after the effect and before
+/// [`ClaimStore::complete`], the lease runs out and another holder runs the effect again. The
+/// effect itself must therefore accept an idempotency key; the claim makes that rare and keeps
+/// two holders from running at once.
+#[async_trait]
+pub trait ClaimStore: Send + Sync {
+    /// Takes the claim on `key` for `lease` (by the store's clock), takes over an expired
+    /// one with a new token, or reports why not.
+    async fn acquire(
+        &self,
+        key: DedupKey<'_>,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimState>;
+
+    /// Marks the claim completed with `result`. Refused with [`crate::ErrorKind::Conflict`]
+    /// when `token` no longer holds it (its lease ran out and another holder took over).
+    async fn complete(&self, key: DedupKey<'_>, token: u64, result: Option<&[u8]>) -> Result<()>;
+
+    /// Gives the claim up after a failure, so a retry can take it at once. A no-op when
+    /// `token` no longer holds it. The token counter is kept: the next holder's is higher.
+    async fn release(&self, key: DedupKey<'_>, token: u64) -> Result<()>;
+
+    /// Deletes at most `batch` completed claims older than `retention`; returns how many.
+    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;
+}
+
+/// Checks an SQL identifier given in configuration (a table or column name): 1-63 characters
+/// of `A-Z a-z 0-9 _`, not starting with a digit. Names are spliced into SQL, so nothing
+/// else is accepted.
+///
+/// ```
+/// assert!(justonce_core::validate_identifier("billing_dedup").is_ok());
+/// assert!(justonce_core::validate_identifier("dedup; DROP TABLE x").is_err());
+/// ```
+pub fn validate_identifier(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && !name.as_bytes()[0].is_ascii_digit()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::config(format!(
+            "`{name}` is not a valid SQL identifier: use 1-63 characters of A-Z a-z 0-9 _, not starting with a digit"
+        )))
+    }
+}

@@ -24,4 +24,7 @@
 
 mod sqlite;
 
-pub use sqlite::{DeadLetter, QueueStats, SqliteQueue, SqliteQueueOptions, SqliteStore, SqliteTx};
+pub use sqlite::{
+    DeadLetter, QueueStats, SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard,
+    SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
+};

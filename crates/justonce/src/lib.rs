@@ -55,12 +55,14 @@ mod shutdown;
 
 pub use async_trait::async_trait;
 pub use consumer::{
-    BatchReport, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook, FaultPoint, Handler,
+    BatchReport, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook, FaultPoint,
+    Handler, Idempotency,
 };
 pub use justonce_core::{
-    memory, Claim, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
-    ExponentialBackoff, Fingerprint, Headers, Message, MessageId, Publisher, Receipt, Result,
-    Semantics, Source, Store,
+    canonical_json, memory, redact_url, validate_identifier, Cas, Claim, ClaimState, ClaimStore,
+    DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
+    ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher, Receipt,
+    Result, Semantics, Source, StateMachine, Store, Transition,
 };
 pub use shutdown::shutdown_signal;
 

@@ -14,3 +14,13 @@ async fn memory_queue_keeps_the_queue_contract() {
     let lease = Duration::from_millis(100);
     conformance::queue(&MemoryQueue::new("q", lease), lease, "mem").await;
 }
+
+#[tokio::test]
+async fn memory_claims_keep_the_claim_contract() {
+    conformance::claim_store(
+        Arc::new(justonce_core::memory::MemoryClaims::default()),
+        Duration::from_millis(100),
+        "mem",
+    )
+    .await;
+}

@@ -1,6 +1,9 @@
 use std::time::Duration;
 
-use justonce_core::{redact_url, ExponentialBackoff, Fingerprint, MessageId, MAX_MESSAGE_ID_BYTES};
+use justonce_core::{
+    redact_url, ExponentialBackoff, Fingerprint, IdStrategy, Message, MessageId, StateMachine,
+    MAX_MESSAGE_ID_BYTES,
+};
 use proptest::prelude::*;
 
 proptest! {
@@ -64,4 +67,105 @@ proptest! {
 fn fingerprints_differ_with_the_payload() {
     assert_ne!(Fingerprint::of(b"a"), Fingerprint::of(b"b"));
     assert_eq!(Fingerprint::from_hex("xyz"), None);
+}
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::{json, Value};
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        "[a-z0-9 ]{0,8}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Writes `v` with object keys in reverse order and extra whitespace.
+fn scrambled(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<_> = m.keys().collect();
+            keys.reverse();
+            let parts: Vec<String> = keys
+                .iter()
+                .map(|k| {
+                    format!(
+                        " {} :\n {} ",
+                        Value::String((*k).clone()),
+                        scrambled(&m[*k])
+                    )
+                })
+                .collect();
+            format!("{{ {} }}", parts.join(" , "))
+        }
+        Value::Array(a) => format!(
+            "[ {} ]",
+            a.iter().map(scrambled).collect::<Vec<_>>().join(" ,\t")
+        ),
+        other => other.to_string(),
+    }
+}
+
+proptest! {
+    #[test]
+    fn content_hash_ignores_key_order_and_whitespace(v in json_value()) {
+        let ids = IdStrategy::content_hash("t");
+        let a = ids.derive(&Message::new(serde_json::to_vec(&v).unwrap())).unwrap();
+        let b = ids.derive(&Message::new(scrambled(&v))).unwrap();
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn content_hash_changes_with_any_value(v in json_value(), w in json_value()) {
+        prop_assume!(v != w);
+        let ids = IdStrategy::content_hash("t");
+        let a = ids.derive(&Message::new(serde_json::to_vec(&v).unwrap())).unwrap();
+        let b = ids.derive(&Message::new(serde_json::to_vec(&w).unwrap())).unwrap();
+        prop_assert_ne!(a, b);
+    }
+
+    #[test]
+    fn content_hash_keys_are_namespaced(v in json_value()) {
+        let payload = serde_json::to_vec(&v).unwrap();
+        let a = IdStrategy::content_hash("orders").derive(&Message::new(payload.clone())).unwrap();
+        let b = IdStrategy::content_hash("refunds").derive(&Message::new(payload)).unwrap();
+        prop_assert_ne!(a, b);
+    }
+}
+
+#[test]
+fn ids_missing_from_the_payload_are_none_and_non_json_is_a_decode_error() {
+    let f = IdStrategy::field("/order_id");
+    assert_eq!(f.derive(&Message::new(r#"{"order_id":""}"#)).unwrap(), None);
+    assert_eq!(f.derive(&Message::new(r#"{"other":1}"#)).unwrap(), None);
+    assert_eq!(
+        f.derive(&Message::new(r#"{"order_id":17}"#))
+            .unwrap()
+            .unwrap()
+            .as_str(),
+        "17"
+    );
+    let e = f.derive(&Message::new("not json")).unwrap_err();
+    assert_eq!(e.kind(), justonce_core::ErrorKind::Decode);
+    assert!(IdStrategy::field("order_id").validate().is_err());
+    assert!(IdStrategy::content_hash("bad space").validate().is_err());
+}
+
+#[test]
+fn state_machines_reject_cycles() {
+    assert!(StateMachine::new([("A", "B"), ("B", "A")]).is_err());
+    assert!(StateMachine::new([("A", "A")]).is_err());
+    let m = StateMachine::new([("PENDING", "PAID"), ("PAID", "SHIPPED")]).unwrap();
+    let t = m.decide("NEW", "SHIPPED");
+    assert_eq!(
+        t.to_string(),
+        "invalid transition NEW -> SHIPPED: SHIPPED may only be reached from PAID"
+    );
 }

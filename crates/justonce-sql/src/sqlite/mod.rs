@@ -1,5 +1,7 @@
 //! SQLite: the embedded queue and dedup store.
 
+mod claims;
+mod guard;
 mod queue;
 mod store;
 
@@ -10,8 +12,10 @@ use justonce_core::{redact_url, Error, ErrorKind, Result};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
+pub use claims::SqliteClaimStore;
+pub use guard::{SqliteStateGuard, SqliteVersionGuard};
 pub use queue::{DeadLetter, QueueStats, SqliteQueue, SqliteQueueOptions};
-pub use store::{SqliteStore, SqliteTx};
+pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 
 /// The database clock in milliseconds since the Unix epoch, as an SQL expression.
 /// Leases and retention use it, never the worker's clock (DESIGN.md invariant 3).

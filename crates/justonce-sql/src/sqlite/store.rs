@@ -1,7 +1,8 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use justonce_core::{Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
+use justonce_core::{validate_identifier, Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
 use sqlx::{Sqlite, SqlitePool};
 
 use super::{connect, NOW_MS};
@@ -9,16 +10,44 @@ use super::{connect, NOW_MS};
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS jo_dedup (
-    consumer     TEXT    NOT NULL,
-    message_id   TEXT    NOT NULL,
-    fingerprint  TEXT    NOT NULL,
-    processed_at INTEGER NOT NULL,
-    PRIMARY KEY (consumer, message_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS jo_dedup_processed_at ON jo_dedup (processed_at);
-";
+fn schema(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+             consumer     TEXT    NOT NULL,
+             message_id   TEXT    NOT NULL,
+             fingerprint  TEXT    NOT NULL,
+             processed_at INTEGER NOT NULL,
+             PRIMARY KEY (consumer, message_id)
+         ) WITHOUT ROWID;
+         CREATE INDEX IF NOT EXISTS {table}_processed_at ON {table} (processed_at);"
+    )
+}
+
+/// How a [`SqliteStore`] keeps its dedup records.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SqliteStoreOptions {
+    /// The dedup table's name (default `jo_dedup`), validated as an SQL identifier.
+    pub dedup_table: String,
+    /// Connections in the pool.
+    pub max_connections: u32,
+}
+
+impl Default for SqliteStoreOptions {
+    fn default() -> Self {
+        SqliteStoreOptions {
+            dedup_table: "jo_dedup".into(),
+            max_connections: 4,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sql {
+    claim: String,
+    fingerprint: String,
+    purge: String,
+}
 
 /// The dedup store on SQLite, in the same file as your business tables.
 ///
@@ -38,14 +67,36 @@ CREATE INDEX IF NOT EXISTS jo_dedup_processed_at ON jo_dedup (processed_at);
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    sql: Arc<Sql>,
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the SQLite file at `url` and its dedup table.
+    /// Opens (creating if needed) the SQLite file at `url` and its dedup table `jo_dedup`.
     pub async fn open(url: &str) -> Result<Self> {
-        let pool = connect(url, true, 4).await?;
-        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
-        Ok(SqliteStore { pool })
+        Self::open_with(url, SqliteStoreOptions::default()).await
+    }
+
+    /// As [`SqliteStore::open`], with options.
+    pub async fn open_with(url: &str, opts: SqliteStoreOptions) -> Result<Self> {
+        let table = &opts.dedup_table;
+        validate_identifier(table)?;
+        let pool = connect(url, true, opts.max_connections).await?;
+        sqlx::raw_sql(&schema(table)).execute(&pool).await?;
+        let sql = Sql {
+            claim: format!(
+                "INSERT INTO {table} (consumer, message_id, fingerprint, processed_at)
+                 VALUES (?, ?, ?, {NOW_MS}) ON CONFLICT (consumer, message_id) DO NOTHING"
+            ),
+            fingerprint: format!("SELECT fingerprint FROM {table} WHERE consumer = ? AND message_id = ?"),
+            purge: format!(
+                "DELETE FROM {table} WHERE (consumer, message_id) IN (
+                     SELECT consumer, message_id FROM {table} WHERE processed_at < {NOW_MS} - ? LIMIT ?)"
+            ),
+        };
+        Ok(SqliteStore {
+            pool,
+            sql: Arc::new(sql),
+        })
     }
 
     /// The pool: create your business tables and read results through it.
@@ -102,11 +153,8 @@ impl Store for SqliteStore {
 #[async_trait]
 impl DedupStore for SqliteStore {
     async fn claim(&self, tx: &mut SqliteTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
-        let sql = format!(
-            "INSERT INTO jo_dedup (consumer, message_id, fingerprint, processed_at)
-             VALUES (?, ?, ?, {NOW_MS}) ON CONFLICT (consumer, message_id) DO NOTHING"
-        );
-        let inserted = sqlx::query(&sql)
+        let sql = &self.sql.claim;
+        let inserted = sqlx::query(sql)
             .bind(key.consumer)
             .bind(key.message_id.as_str())
             .bind(fp.to_hex())
@@ -116,13 +164,11 @@ impl DedupStore for SqliteStore {
         if inserted == 1 {
             return Ok(Claim::Fresh);
         }
-        let stored: String = sqlx::query_scalar(
-            "SELECT fingerprint FROM jo_dedup WHERE consumer = ? AND message_id = ?",
-        )
-        .bind(key.consumer)
-        .bind(key.message_id.as_str())
-        .fetch_one(&mut **tx)
-        .await?;
+        let stored: String = sqlx::query_scalar(&self.sql.fingerprint)
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .fetch_one(&mut **tx)
+            .await?;
         Ok(match Fingerprint::from_hex(&stored) {
             Some(s) if s == fp => Claim::Duplicate,
             Some(s) => Claim::Conflict { stored: s },
@@ -133,11 +179,8 @@ impl DedupStore for SqliteStore {
     }
 
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        let sql = format!(
-            "DELETE FROM jo_dedup WHERE (consumer, message_id) IN (
-                 SELECT consumer, message_id FROM jo_dedup WHERE processed_at < {NOW_MS} - ? LIMIT ?)"
-        );
-        let n = sqlx::query(&sql)
+        let sql = &self.sql.purge;
+        let n = sqlx::query(sql)
             .bind(retention.as_millis() as i64)
             .bind(batch as i64)
             .execute(&self.pool)

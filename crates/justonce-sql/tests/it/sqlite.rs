@@ -110,3 +110,161 @@ async fn wrong_urls_say_what_to_do() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_claims_keep_the_claim_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = justonce_sql::SqliteClaimStore::open(&url(&dir, "c.db"))
+        .await
+        .unwrap();
+    conformance::claim_store(Arc::new(claims), Duration::from_millis(200), "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedup_table_of_your_own_name_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = justonce_sql::SqliteStoreOptions::default();
+    opts.dedup_table = "billing_dedup".into();
+    let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
+        .await
+        .unwrap();
+    conformance::dedup_store(Arc::new(store.clone()), "named").await;
+    use justonce_core::{DedupKey, DedupStore, Fingerprint, MessageId, Store};
+    let id = MessageId::new("named-1").unwrap();
+    let mut tx = store.begin().await.unwrap();
+    store
+        .claim(
+            &mut tx,
+            DedupKey {
+                consumer: "c",
+                message_id: &id,
+            },
+            Fingerprint::of(b"x"),
+        )
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let n: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM billing_dedup WHERE message_id = 'named-1'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(n, 1, "the record is in the named table");
+    let default_table: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'jo_dedup'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(default_table, 0, "and jo_dedup was never created");
+
+    let mut bad = justonce_sql::SqliteStoreOptions::default();
+    bad.dedup_table = "dedup; DROP TABLE ledger".into();
+    let e = SqliteStore::open_with(&url(&dir, "s.db"), bad)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.to_string().contains("not a valid SQL identifier"), "{e}");
+}
+
+#[tokio::test]
+async fn the_state_machine_guard_moves_once_and_names_the_states_when_it_cannot() {
+    use justonce_core::{Disposition, StateMachine, Transition};
+    use justonce_sql::SqliteStateGuard;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE orders (order_id TEXT PRIMARY KEY, status TEXT NOT NULL);
+         INSERT INTO orders VALUES ('a', 'PENDING'), ('b', 'SHIPPED'), ('c', 'CANCELLED');",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let machine = StateMachine::new([
+        ("PENDING", "PAID"),
+        ("PAID", "SHIPPED"),
+        ("PENDING", "CANCELLED"),
+    ])
+    .unwrap();
+    let guard = SqliteStateGuard::new("orders", "order_id", "status", machine).unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+
+    let check = [
+        ("a", "PAID", Transition::Apply),
+        ("a", "PAID", Transition::AlreadyDone),
+        ("b", "PAID", Transition::AlreadyDone),
+    ];
+    for (key, target, expected) in check {
+        assert_eq!(
+            guard.transition(&mut conn, key, target).await.unwrap(),
+            expected,
+            "{key} -> {target}"
+        );
+    }
+    let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_id = 'a'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(status, "PAID");
+    let invalid = guard.transition(&mut conn, "c", "PAID").await.unwrap();
+    match invalid.to_disposition() {
+        Some(Disposition::DeadLetter { reason }) => {
+            assert_eq!(
+                reason,
+                "invalid transition CANCELLED -> PAID: PAID may only be reached from PENDING"
+            )
+        }
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+    let missing = guard
+        .transition(&mut conn, "zzz", "PAID")
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::InvalidInput);
+    assert!(SqliteStateGuard::new(
+        "orders;",
+        "order_id",
+        "status",
+        StateMachine::new([("A", "B")]).unwrap()
+    )
+    .is_err());
+}
+
+#[tokio::test]
+async fn the_version_guard_tells_stale_from_ahead() {
+    use justonce_core::{Cas, Disposition};
+    use justonce_sql::SqliteVersionGuard;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE accounts (id INTEGER PRIMARY KEY, version INTEGER NOT NULL); INSERT INTO accounts VALUES (7, 3);")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let guard = SqliteVersionGuard::new("accounts", "id", "version").unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    assert_eq!(guard.bump(&mut conn, "7", 3).await.unwrap(), Cas::Applied);
+    assert_eq!(
+        guard.bump(&mut conn, "7", 3).await.unwrap(),
+        Cas::Stale { current: 4 },
+        "a replay is stale"
+    );
+    assert_eq!(
+        Cas::Stale { current: 4 }.to_disposition(3),
+        Some(Disposition::Duplicate)
+    );
+    let ahead = guard.bump(&mut conn, "7", 6).await.unwrap();
+    assert_eq!(
+        ahead,
+        Cas::Ahead { current: 4 },
+        "a change from the future is not a duplicate"
+    );
+    assert!(matches!(
+        ahead.to_disposition(6),
+        Some(Disposition::Retry { .. })
+    ));
+    assert_eq!(
+        guard.bump(&mut conn, "8", 0).await.unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+}

@@ -1,12 +1,17 @@
 use async_trait::async_trait;
 
-use justonce_core::{Delivery, Disposition, Message, Result};
+use std::sync::Mutex;
+
+use justonce_core::{Delivery, Disposition, Message, MessageId, Result};
 
 /// What a handler knows about the delivery it is handling.
 #[derive(Debug)]
 pub struct Context<'a> {
     pub(crate) delivery: &'a Delivery,
     pub(crate) consumer: &'a str,
+    pub(crate) id: Option<&'a MessageId>,
+    pub(crate) token: Option<u64>,
+    pub(crate) result: Mutex<Option<Vec<u8>>>,
 }
 
 impl<'a> Context<'a> {
@@ -30,13 +35,33 @@ impl<'a> Context<'a> {
         self.consumer
     }
 
+    /// The message's id as the consumer's [`IdStrategy`](justonce_core::IdStrategy) derived it.
+    pub fn message_id(&self) -> Option<&'a MessageId> {
+        self.id
+    }
+
     /// A key that is the same on every delivery of this message to this consumer:
     /// `consumer/message-id`. Hand it to effects that accept an idempotency key
     /// (payment APIs, mail services). `None` when the message has no id.
     pub fn idempotency_key(&self) -> Option<String> {
-        self.message()
-            .id()
-            .map(|id| format!("{}/{}", self.consumer, id))
+        self.id.map(|id| format!("{}/{}", self.consumer, id))
+    }
+
+    /// The fencing token of this delivery's claim
+    /// ([`Idempotency::Claim`](crate::Idempotency::Claim) only). It grows on every takeover:
+    /// an effect that remembers the highest token it has seen can refuse a stale holder.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// Stores a result with the completed claim; a later duplicate gets it back in
+    /// [`Handler::on_duplicate`].
+    pub fn set_result(&self, result: impl Into<Vec<u8>>) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result.into());
+    }
+
+    pub(crate) fn take_result(&self) -> Option<Vec<u8>> {
+        self.result.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -72,4 +97,11 @@ impl<'a> Context<'a> {
 pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// Handles one message inside `tx`.
     async fn handle(&self, cx: &Context<'_>, tx: &mut Tx) -> Result<Disposition>;
+
+    /// Called instead of [`Handler::handle`] for a message whose claim completed before,
+    /// with the result stored then ([`Idempotency::Claim`](crate::Idempotency::Claim) only).
+    /// The default does nothing; the delivery is acked either way.
+    async fn on_duplicate(&self, cx: &Context<'_>, result: Option<&[u8]>) {
+        let _ = (cx, result);
+    }
 }

@@ -24,19 +24,19 @@ mod fault;
 mod handler;
 mod options;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use justonce_core::{
-    Claim, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
-    ExponentialBackoff, Result, Semantics, Source,
+    Claim, ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition,
+    Error, ErrorKind, ExponentialBackoff, Fingerprint, MessageId, Result, Semantics, Source,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 pub use fault::{FaultHook, FaultPoint};
 pub use handler::{Context, Handler};
-pub use options::{ConflictPolicy, ConsumerOptions};
+pub use options::{ConflictPolicy, ConsumerOptions, Idempotency};
 
 /// A consumer: a [`Source`], a [`DedupStore`] and a [`Handler`] run under
 /// [`ConsumerOptions`].
@@ -66,6 +66,7 @@ struct Inner<S: DedupStore, H> {
     opts: ConsumerOptions,
     backoff: ExponentialBackoff,
     faults: Option<Arc<dyn FaultHook>>,
+    claims: Option<Arc<dyn ClaimStore>>,
 }
 
 /// What happened to one batch.
@@ -86,6 +87,16 @@ pub struct BatchReport {
     pub dead_lettered: usize,
     /// The batch was abandoned by a fault hook's crash.
     pub crashed: bool,
+}
+
+/// One delivery's state through a batch.
+#[derive(Debug)]
+struct Slot {
+    settle: Settle,
+    /// The id the id strategy derived.
+    id: Option<MessageId>,
+    /// The claim's fencing token (claim mode).
+    token: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -126,6 +137,7 @@ where
         handler: H,
     ) -> Result<Self> {
         justonce_core::validate_consumer_name(&opts.name)?;
+        opts.id_strategy.validate()?;
         if opts.batch_size == 0 || opts.concurrency == 0 || opts.max_attempts == 0 {
             return Err(Error::config(
                 "batch_size, concurrency and max_attempts must each be at least 1",
@@ -152,21 +164,41 @@ where
                 opts,
                 backoff,
                 faults: None,
+                claims: None,
             }),
         })
     }
 
     /// Installs a fault hook (tests, demo, lab). Call before running.
     pub fn with_fault_hook(self, hook: Arc<dyn FaultHook>) -> Self {
+        self.modify(|inner| inner.faults = Some(hook))
+    }
+
+    /// Sets the claim store that [`Idempotency::Claim`] takes its claims in. Call before running.
+    pub fn with_claims(self, claims: Arc<dyn ClaimStore>) -> Self {
+        self.modify(|inner| inner.claims = Some(claims))
+    }
+
+    fn modify(self, f: impl FnOnce(&mut Inner<S, H>)) -> Self {
         match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => {
-                inner.faults = Some(hook);
+                f(&mut inner);
                 Consumer {
                     inner: Arc::new(inner),
                 }
             }
+            // Already shared by a running loop: settings only change before running.
             Err(inner) => Consumer { inner },
         }
+    }
+
+    fn check_ready(&self) -> Result<()> {
+        if self.inner.effectively_once(Idempotency::Claim) && self.inner.claims.is_none() {
+            return Err(Error::config(
+                "idempotency Claim needs a claim store: call Consumer::with_claims before running",
+            ));
+        }
+        Ok(())
     }
 
     /// The options.
@@ -176,6 +208,7 @@ where
 
     /// Receives one batch (waiting up to `receive_wait` for it) and processes it.
     pub async fn run_once(&self) -> Result<BatchReport> {
+        self.check_ready()?;
         let batch = self.inner.receive_batch().await?;
         if batch.is_empty() {
             return Ok(BatchReport::default());
@@ -186,6 +219,7 @@ where
     /// Runs `concurrency` batch loops until `shutdown` resolves, then stops receiving,
     /// finishes the batches in flight (commit and ack) and returns.
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        self.check_ready()?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         for worker in 0..self.inner.opts.concurrency {
@@ -274,14 +308,27 @@ where
     }
 
     async fn purge_loop(&self, retention: Duration, mut stop: watch::Receiver<bool>) -> Result<()> {
+        const BATCH: u32 = 1000;
         loop {
             loop {
-                match self.store.purge(retention, 1000).await {
-                    Ok(1000) => tokio::task::yield_now().await,
+                match self.store.purge(retention, BATCH).await {
+                    Ok(n) if n == u64::from(BATCH) => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(e) => {
                         warn!(error = %e.to_chain_string(), "dedup purge failed; will try again");
                         break;
+                    }
+                }
+            }
+            if let Some(claims) = &self.claims {
+                loop {
+                    match claims.purge(retention, BATCH).await {
+                        Ok(n) if n == u64::from(BATCH) => tokio::task::yield_now().await,
+                        Ok(_) => break,
+                        Err(e) => {
+                            warn!(error = %e.to_chain_string(), "claim purge failed; will try again");
+                            break;
+                        }
                     }
                 }
             }
@@ -301,32 +348,47 @@ where
         }
     }
 
-    /// Bad input is settled before the handler ever sees it.
-    fn screen(&self, d: &Delivery) -> Settle {
+    fn effectively_once(&self, idempotency: Idempotency) -> bool {
+        self.opts.semantics == Semantics::EffectivelyOnce && self.opts.idempotency == idempotency
+    }
+
+    /// Bad input is settled before the handler ever sees it; the id is derived here.
+    fn screen(&self, d: &Delivery) -> Slot {
+        let dead = |reason: String| Slot {
+            settle: Settle::DeadLetter(reason),
+            id: None,
+            token: None,
+        };
         let len = d.message.payload().len();
         if len > self.opts.max_payload_bytes {
-            return Settle::DeadLetter(format!(
+            return dead(format!(
                 "invalid input: payload of {len} bytes exceeds the limit of {} bytes",
                 self.opts.max_payload_bytes
             ));
         }
-        if d.message.id().is_none() {
-            return Settle::DeadLetter(
-                "invalid input: message has no id (missing or empty); it cannot be deduplicated"
-                    .into(),
-            );
+        match self.opts.id_strategy.derive(&d.message) {
+            Ok(Some(id)) => Slot {
+                settle: Settle::Pending,
+                id: Some(id),
+                token: None,
+            },
+            Ok(None) => dead(format!(
+                "invalid input: message has no id (missing or empty under the {} id strategy); \
+                 it cannot be deduplicated",
+                self.opts.id_strategy.describe()
+            )),
+            Err(e) => dead(format!("invalid input: {}", e.to_chain_string())),
         }
-        Settle::Pending
     }
 
-    async fn crash_at(&self, point: FaultPoint, batch: &[Delivery], settles: &[Settle]) -> bool {
+    async fn crash_at(&self, point: FaultPoint, batch: &[Delivery], slots: &[Slot]) -> bool {
         let Some(hook) = &self.faults else {
             return false;
         };
         let live: Vec<&Delivery> = batch
             .iter()
-            .zip(settles)
-            .filter(|(_, s)| !matches!(s, Settle::DeadLetter(_)))
+            .zip(slots)
+            .filter(|(_, s)| !matches!(s.settle, Settle::DeadLetter(_)))
             .map(|(d, _)| d)
             .collect();
         let crash = hook.crash_at(point, &live).await;
@@ -359,41 +421,164 @@ where
         }
     }
 
+    fn conflict(&self, id: &MessageId, stored: Fingerprint, fp: Fingerprint) -> Disposition {
+        match self.opts.on_conflict {
+            ConflictPolicy::Ignore => Disposition::Duplicate,
+            ConflictPolicy::DeadLetter => Disposition::dead_letter(format!(
+                "conflict: message id {id} was already processed with another payload \
+                 (stored fingerprint {stored}, this one {fp})"
+            )),
+        }
+    }
+
+    fn context<'a>(&'a self, d: &'a Delivery, slot: &'a Slot) -> Context<'a> {
+        Context {
+            delivery: d,
+            consumer: &self.opts.name,
+            id: slot.id.as_ref(),
+            token: slot.token,
+            result: Mutex::new(None),
+        }
+    }
+
+    /// Claim mode: takes the claims of the batch before its transaction begins.
+    async fn acquire_claims(
+        &self,
+        claims: &dyn ClaimStore,
+        batch: &[Delivery],
+        slots: &mut [Slot],
+    ) -> Result<()> {
+        for (d, slot) in batch.iter().zip(slots.iter_mut()) {
+            let (Settle::Pending, Some(id)) = (&slot.settle, &slot.id) else {
+                continue;
+            };
+            let key = DedupKey {
+                consumer: &self.opts.name,
+                message_id: id,
+            };
+            let fp = d.message.fingerprint();
+            let state = match claims.acquire(key, fp, self.opts.claim_lease).await {
+                Ok(state) => state,
+                Err(e) => {
+                    self.release_claims(claims, slots).await;
+                    return Err(e);
+                }
+            };
+            match state {
+                ClaimState::Acquired { token } => slot.token = Some(token),
+                // Held by someone else: look again after the backoff (the holder may finish
+                // soon) or when its lease runs out, whichever is first. Not an attempt of
+                // ours, so no attempt limit applies.
+                ClaimState::InProgress { retry_after } => {
+                    slot.settle = Settle::Nack(retry_after.min(self.backoff.delay(d.attempt)))
+                }
+                ClaimState::Completed { result } => {
+                    self.handler
+                        .on_duplicate(&self.context(d, slot), result.as_deref())
+                        .await;
+                    slot.settle = Settle::Ack { duplicate: true };
+                }
+                ClaimState::Conflict { stored } => {
+                    slot.settle = self.settle_for(d, self.conflict(id, stored, fp));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_claims(&self, claims: &dyn ClaimStore, slots: &mut [Slot]) {
+        for slot in slots.iter_mut() {
+            if let (Some(token), Some(id)) = (slot.token.take(), &slot.id) {
+                let key = DedupKey {
+                    consumer: &self.opts.name,
+                    message_id: id,
+                };
+                if let Err(e) = claims.release(key, token).await {
+                    warn!(error = %e.to_chain_string(), "releasing a claim failed; it expires with its lease");
+                }
+            }
+        }
+    }
+
+    /// Claim mode, after the commit: completes the claims of applied messages and releases
+    /// the others. A completion refused by the fencing token leaves its delivery unsettled.
+    async fn finish_claims(
+        &self,
+        claims: &dyn ClaimStore,
+        slots: &mut [Slot],
+        results: Vec<Option<Vec<u8>>>,
+    ) {
+        for (slot, result) in slots.iter_mut().zip(results) {
+            let (Some(token), Some(id)) = (slot.token, &slot.id) else {
+                continue;
+            };
+            let key = DedupKey {
+                consumer: &self.opts.name,
+                message_id: id,
+            };
+            let done = matches!(slot.settle, Settle::Ack { .. });
+            let outcome = if done {
+                claims.complete(key, token, result.as_deref()).await
+            } else {
+                claims.release(key, token).await
+            };
+            if let Err(e) = outcome {
+                warn!(id = %id, error = %e.to_chain_string(), "claim not finished; the delivery is left to its lease");
+                if done {
+                    slot.settle = Settle::Done;
+                }
+            }
+        }
+    }
+
     async fn process(&self, batch: Vec<Delivery>) -> Result<BatchReport> {
         let mut report = BatchReport {
             received: batch.len(),
             ..BatchReport::default()
         };
-        let mut settles: Vec<Settle> = batch.iter().map(|d| self.screen(d)).collect();
+        let mut slots: Vec<Slot> = batch.iter().map(|d| self.screen(d)).collect();
         let at_most_once = self.opts.semantics == Semantics::AtMostOnce;
+        let claims = if self.effectively_once(Idempotency::Claim) {
+            Some(self.claims.as_deref().ok_or_else(|| {
+                Error::config("idempotency Claim needs a claim store: call Consumer::with_claims")
+            })?)
+        } else {
+            None
+        };
 
         if at_most_once {
             let receipts: Vec<_> = batch
                 .iter()
-                .zip(&settles)
-                .filter(|(_, s)| matches!(s, Settle::Pending))
+                .zip(&slots)
+                .filter(|(_, s)| matches!(s.settle, Settle::Pending))
                 .map(|(d, _)| &d.receipt)
                 .collect();
             self.source.ack(&receipts).await?;
             report.acked += receipts.len();
-            if self.crash_at(FaultPoint::AfterAck, &batch, &settles).await {
+            if self.crash_at(FaultPoint::AfterAck, &batch, &slots).await {
                 report.crashed = true;
                 return Ok(report);
             }
         }
+        if let Some(claims) = claims {
+            self.acquire_claims(claims, &batch, &mut slots).await?;
+        }
 
+        let mut results = vec![None; batch.len()];
         let mut tx = self.store.begin().await?;
-        for (d, settle) in batch.iter().zip(settles.iter_mut()) {
-            if !matches!(settle, Settle::Pending) {
+        for ((d, slot), result) in batch.iter().zip(slots.iter_mut()).zip(results.iter_mut()) {
+            if !matches!(slot.settle, Settle::Pending) {
                 continue;
             }
             self.store.savepoint(&mut tx).await?;
-            let disposition = self.handle_one(&mut tx, d, &mut report).await?;
+            let disposition = self
+                .handle_one(&mut tx, d, slot, result, &mut report)
+                .await?;
             match disposition {
                 Disposition::Ok => self.store.release_savepoint(&mut tx).await?,
                 _ => self.store.rollback_to_savepoint(&mut tx).await?,
             }
-            *settle = if at_most_once {
+            slot.settle = if at_most_once {
                 match disposition {
                     Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
                     Disposition::Retry { reason, .. } => {
@@ -408,21 +593,21 @@ where
         }
 
         if self
-            .crash_at(FaultPoint::BeforeCommit, &batch, &settles)
+            .crash_at(FaultPoint::BeforeCommit, &batch, &slots)
             .await
         {
             report.crashed = true;
             return Ok(report); // the transaction is dropped: rolled back
         }
         self.store.commit(tx).await?;
-        if self
-            .crash_at(FaultPoint::AfterCommit, &batch, &settles)
-            .await
-        {
+        if self.crash_at(FaultPoint::AfterCommit, &batch, &slots).await {
             report.crashed = true;
             return Ok(report);
         }
-        self.settle(&batch, settles, &mut report).await?;
+        if let Some(claims) = claims {
+            self.finish_claims(claims, &mut slots, results).await;
+        }
+        self.settle(&batch, slots, &mut report).await?;
         Ok(report)
     }
 
@@ -430,12 +615,14 @@ where
         &self,
         tx: &mut S::Tx,
         d: &Delivery,
+        slot: &Slot,
+        result: &mut Option<Vec<u8>>,
         report: &mut BatchReport,
     ) -> Result<Disposition> {
-        let Some(id) = d.message.id() else {
+        let Some(id) = &slot.id else {
             return Ok(Disposition::dead_letter("invalid input: message has no id"));
         };
-        if self.opts.semantics == Semantics::EffectivelyOnce {
+        if self.effectively_once(Idempotency::DedupTable) {
             let key = DedupKey {
                 consumer: &self.opts.name,
                 message_id: id,
@@ -444,24 +631,21 @@ where
             match self.store.claim(tx, key, fp).await? {
                 Claim::Fresh => {}
                 Claim::Duplicate => return Ok(Disposition::Duplicate),
-                Claim::Conflict { stored } => {
-                    return Ok(match self.opts.on_conflict {
-                        ConflictPolicy::Ignore => Disposition::Duplicate,
-                        ConflictPolicy::DeadLetter => Disposition::dead_letter(format!(
-                            "conflict: message id {id} was already processed with another payload \
-                             (stored fingerprint {stored}, this one {fp})"
-                        )),
-                    });
-                }
+                Claim::Conflict { stored } => return Ok(self.conflict(id, stored, fp)),
             }
         }
         report.handled += 1;
-        let cx = Context {
-            delivery: d,
-            consumer: &self.opts.name,
-        };
-        Ok(match self.handler.handle(&cx, tx).await {
+        let cx = self.context(d, slot);
+        let outcome = self.handler.handle(&cx, tx).await;
+        *result = cx.take_result();
+        Ok(match outcome {
             Ok(disposition) => disposition,
+            Err(e)
+                if e.kind() == ErrorKind::UniqueViolation
+                    && self.effectively_once(Idempotency::UniqueKey) =>
+            {
+                Disposition::Duplicate
+            }
             Err(e) => Disposition::from_error(&e),
         })
     }
@@ -469,12 +653,12 @@ where
     async fn settle(
         &self,
         batch: &[Delivery],
-        settles: Vec<Settle>,
+        slots: Vec<Slot>,
         report: &mut BatchReport,
     ) -> Result<()> {
         let mut acks = Vec::new();
-        for (d, settle) in batch.iter().zip(settles) {
-            match settle {
+        for (d, slot) in batch.iter().zip(slots) {
+            match slot.settle {
                 Settle::Ack { duplicate } => {
                     report.duplicates += usize::from(duplicate);
                     let lost = self.faults.as_ref().is_some_and(|f| f.lose_ack(d));

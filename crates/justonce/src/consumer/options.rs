@@ -1,6 +1,41 @@
 use std::time::Duration;
 
-use justonce_core::Semantics;
+use justonce_core::{IdStrategy, Semantics};
+
+/// How an effectively-once consumer recognises a message it already applied.
+///
+/// | method | how | needs |
+/// |---|---|---|
+/// | `DedupTable` (default) | the runtime inserts `(consumer, id)` into the dedup table in the handler's transaction | a message id |
+/// | `UniqueKey` | the handler inserts a row keyed by a business id; the unique violation means "done" | a unique index on the business id |
+/// | `Guard` | the handler's own guard decides: a state-machine transition or a version check (CAS) that returns [`Disposition::Duplicate`](justonce_core::Disposition::Duplicate) | an entity with a state or a version |
+/// | `Claim` | a claim with a lease and a fencing token, for effects outside the database; the effect must accept the idempotency key | a [`ClaimStore`](justonce_core::ClaimStore) |
+///
+/// At-most-once and at-least-once consumers ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Idempotency {
+    /// A dedup record in the business transaction.
+    #[default]
+    DedupTable,
+    /// A unique business key: a unique violation from the handler is a duplicate.
+    UniqueKey,
+    /// The handler's guard (state machine, version/CAS) returns `Duplicate` itself.
+    Guard,
+    /// A claim with a lease, for effects no transaction covers.
+    Claim,
+}
+
+impl Idempotency {
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Idempotency::DedupTable => "dedup-table",
+            Idempotency::UniqueKey => "unique-key",
+            Idempotency::Guard => "guard",
+            Idempotency::Claim => "claim",
+        }
+    }
+}
 
 /// What to do when a message id arrives again with a different payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,6 +66,13 @@ pub struct ConsumerOptions {
     pub name: String,
     /// When deliveries are acked; effectively-once by default.
     pub semantics: Semantics,
+    /// How an effectively-once consumer recognises duplicates.
+    pub idempotency: Idempotency,
+    /// Where a message's id comes from.
+    pub id_strategy: IdStrategy,
+    /// How long a claim is held before another consumer may take it over
+    /// ([`Idempotency::Claim`] only).
+    pub claim_lease: Duration,
     /// Deliveries per batch, one transaction per batch.
     pub batch_size: usize,
     /// How long to wait for a batch to fill once it has its first delivery.
@@ -65,6 +107,9 @@ impl ConsumerOptions {
         ConsumerOptions {
             name: name.into(),
             semantics: Semantics::EffectivelyOnce,
+            idempotency: Idempotency::DedupTable,
+            id_strategy: IdStrategy::Header,
+            claim_lease: Duration::from_secs(60),
             batch_size: 100,
             linger: Duration::from_millis(5),
             receive_wait: Duration::from_millis(500),

@@ -1,0 +1,188 @@
+use std::time::Duration;
+
+use async_trait::async_trait;
+use justonce_core::{ClaimState, ClaimStore, DedupKey, Error, ErrorKind, Fingerprint, Result};
+use sqlx::{Row, SqlitePool};
+
+use super::{connect, NOW_MS};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jo_claims (
+    consumer     TEXT    NOT NULL,
+    message_id   TEXT    NOT NULL,
+    fingerprint  TEXT    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('in_progress', 'released', 'completed')),
+    token        INTEGER NOT NULL,
+    lease_until  INTEGER,
+    result       BLOB,
+    completed_at INTEGER,
+    PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jo_claims_completed_at ON jo_claims (completed_at);
+";
+
+/// Claims with leases on SQLite, for effects no transaction covers.
+///
+/// Every operation is its own short transaction, by the database clock. Use a file of its
+/// own or the store's file; the consumer never takes a claim while its batch transaction is
+/// open.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use justonce_sql::SqliteClaimStore;
+///
+/// # async fn run() -> justonce_core::Result<()> {
+/// let claims = Arc::new(SqliteClaimStore::open("sqlite:app.db").await?);
+/// // consumer.with_claims(claims)
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteClaimStore {
+    pool: SqlitePool,
+}
+
+impl SqliteClaimStore {
+    /// Opens (creating if needed) the claims table in the SQLite file at `url`.
+    pub async fn open(url: &str) -> Result<Self> {
+        let pool = connect(url, true, 4).await?;
+        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        Ok(SqliteClaimStore { pool })
+    }
+}
+
+fn fenced(key: DedupKey<'_>, token: u64, current: Option<i64>) -> Error {
+    Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "claim on {} for consumer {} is fenced: token {token} no longer holds it (current token {})",
+            key.message_id,
+            key.consumer,
+            current.map_or_else(|| "none".to_owned(), |t| t.to_string())
+        ),
+    )
+}
+
+#[async_trait]
+impl ClaimStore for SqliteClaimStore {
+    async fn acquire(
+        &self,
+        key: DedupKey<'_>,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimState> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let select = format!(
+            "SELECT fingerprint, state, token, result, lease_until - {NOW_MS} AS remaining
+             FROM jo_claims WHERE consumer = ? AND message_id = ?"
+        );
+        let row = sqlx::query(&select)
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let lease_ms = lease.as_millis() as i64;
+        let state = match row {
+            None => {
+                let insert = format!(
+                    "INSERT INTO jo_claims (consumer, message_id, fingerprint, state, token, lease_until)
+                     VALUES (?, ?, ?, 'in_progress', 1, {NOW_MS} + ?)"
+                );
+                sqlx::query(&insert)
+                    .bind(key.consumer)
+                    .bind(key.message_id.as_str())
+                    .bind(fp.to_hex())
+                    .bind(lease_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                ClaimState::Acquired { token: 1 }
+            }
+            Some(r) => {
+                let stored = Fingerprint::from_hex(r.get::<&str, _>("fingerprint"))
+                    .unwrap_or_else(|| Fingerprint::of(r.get::<&str, _>("fingerprint").as_bytes()));
+                let state: &str = r.get("state");
+                let token: i64 = r.get("token");
+                let remaining: Option<i64> = r.get("remaining");
+                match state {
+                    "completed" if stored == fp => ClaimState::Completed {
+                        result: r.get("result"),
+                    },
+                    "completed" => ClaimState::Conflict { stored },
+                    "in_progress" if remaining.unwrap_or(0) > 0 => ClaimState::InProgress {
+                        retry_after: Duration::from_millis(remaining.unwrap_or(0) as u64),
+                    },
+                    _ => {
+                        let takeover = format!(
+                            "UPDATE jo_claims SET state = 'in_progress', token = token + 1,
+                                 fingerprint = ?, lease_until = {NOW_MS} + ?
+                             WHERE consumer = ? AND message_id = ?"
+                        );
+                        sqlx::query(&takeover)
+                            .bind(fp.to_hex())
+                            .bind(lease_ms)
+                            .bind(key.consumer)
+                            .bind(key.message_id.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                        ClaimState::Acquired {
+                            token: token as u64 + 1,
+                        }
+                    }
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    async fn complete(&self, key: DedupKey<'_>, token: u64, result: Option<&[u8]>) -> Result<()> {
+        let sql = format!(
+            "UPDATE jo_claims SET state = 'completed', result = ?, completed_at = {NOW_MS}, lease_until = NULL
+             WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'"
+        );
+        let done = sqlx::query(&sql)
+            .bind(result)
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .bind(token as i64)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if done == 1 {
+            return Ok(());
+        }
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT token FROM jo_claims WHERE consumer = ? AND message_id = ?")
+                .bind(key.consumer)
+                .bind(key.message_id.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        Err(fenced(key, token, current))
+    }
+
+    async fn release(&self, key: DedupKey<'_>, token: u64) -> Result<()> {
+        sqlx::query(
+            "UPDATE jo_claims SET state = 'released', lease_until = NULL
+             WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'",
+        )
+        .bind(key.consumer)
+        .bind(key.message_id.as_str())
+        .bind(token as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        let sql = format!(
+            "DELETE FROM jo_claims WHERE (consumer, message_id) IN (
+                 SELECT consumer, message_id FROM jo_claims
+                 WHERE state = 'completed' AND completed_at < {NOW_MS} - ? LIMIT ?)"
+        );
+        Ok(sqlx::query(&sql)
+            .bind(retention.as_millis() as i64)
+            .bind(batch as i64)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}
