@@ -23,16 +23,17 @@ CREATE INDEX IF NOT EXISTS jo_claims_completed_at ON jo_claims (completed_at);
 
 /// Claims with leases on SQLite, for effects no transaction covers.
 ///
-/// Every operation is its own short transaction, by the database clock. Use a file of its
-/// own or the store's file; the consumer never takes a claim while its batch transaction is
-/// open.
+/// Every operation is its own short transaction, by the database clock. Give it a file of
+/// its own: SQLite has one writer per file, so claims in the store's file would wait for
+/// every batch transaction of every consumer, and a second delivery would only ever see a
+/// completed claim, never a held one.
 ///
 /// ```no_run
 /// use std::sync::Arc;
 /// use justonce_sql::SqliteClaimStore;
 ///
 /// # async fn run() -> justonce_core::Result<()> {
-/// let claims = Arc::new(SqliteClaimStore::open("sqlite:app.db").await?);
+/// let claims = Arc::new(SqliteClaimStore::open("sqlite:claims.db").await?);
 /// // consumer.with_claims(claims)
 /// # Ok(()) }
 /// ```

@@ -3,4 +3,5 @@
 
 mod rules;
 mod sqlite;
+mod strategies;
 mod support;
