@@ -52,7 +52,7 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     qopts.lease = Duration::from_millis(args.lease_ms);
     let queue = SqliteQueue::open_with(&args.transport, &args.queue, qopts).await?;
     let store = SqliteStore::open(&args.store).await?;
-    orders::setup(&store, false).await?;
+    orders::setup(&store, false, &[]).await?;
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
     opts.batch_size = args.batch_size;

@@ -436,6 +436,53 @@ pub async fn claim_store<C: crate::ClaimStore + 'static>(
     }
     assert_eq!(winners, 1, "concurrent acquires: exactly one holder");
 
+    // The batch forms answer as the single ones, item by item.
+    let (b1, b2) = (id(&format!("{ns}-b1")), id(&format!("{ns}-b2")));
+    let batch = [
+        (key_of(&consumer, &b1), fp),
+        (key_of(&consumer, &b2), fp),
+        (key_of(&consumer, &m1), fp),
+    ];
+    let got = claims.acquire_batch(&batch, lease).await.unwrap();
+    let (ClaimState::Acquired { token: tb1 }, ClaimState::Acquired { token: tb2 }) =
+        (got[0].clone(), got[1].clone())
+    else {
+        panic!("fresh keys in a batch are acquired: {got:?}");
+    };
+    assert!(
+        matches!(got[2], ClaimState::Completed { .. }),
+        "a completed key in a batch: {got:?}"
+    );
+    let done = claims
+        .finish_batch(&[
+            (
+                key_of(&consumer, &b1),
+                tb1,
+                crate::Finish::Complete(Some(b"one")),
+            ),
+            (key_of(&consumer, &b2), tb2, crate::Finish::Release),
+            (key_of(&consumer, &m2), stale, crate::Finish::Complete(None)),
+        ])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok() && done[1].is_ok(), "{done:?}");
+    assert_eq!(
+        done[2].as_ref().unwrap_err().kind(),
+        crate::ErrorKind::Conflict,
+        "a fenced item fails alone"
+    );
+    let again = claims.acquire_batch(&batch[..2], lease).await.unwrap();
+    assert_eq!(
+        again[0],
+        ClaimState::Completed {
+            result: Some(b"one".to_vec())
+        }
+    );
+    assert!(
+        matches!(again[1], ClaimState::Acquired { token } if token > tb2),
+        "released in a batch: {again:?}"
+    );
+
     // Purge removes old completed claims only.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let purged = claims.purge(Duration::from_millis(1), 1000).await.unwrap();

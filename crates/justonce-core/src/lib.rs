@@ -39,7 +39,9 @@ pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
-pub use store::{validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Store};
+pub use store::{
+    validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,
+};
 pub use transport::{Publisher, Source};
 pub use url::redact_url;
 

@@ -128,6 +128,46 @@ pub trait ClaimStore: Send + Sync {
 
     /// Deletes at most `batch` completed claims older than `retention`; returns how many.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;
+
+    /// [`ClaimStore::acquire`] for each key, in order. Stores override it to take a
+    /// consumer's whole batch in one round trip.
+    async fn acquire_batch(
+        &self,
+        keys: &[(DedupKey<'_>, Fingerprint)],
+        lease: Duration,
+    ) -> Result<Vec<ClaimState>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, fp) in keys {
+            out.push(self.acquire(*key, *fp, lease).await?);
+        }
+        Ok(out)
+    }
+
+    /// Completes or releases each claim, in order; one result per item (a fenced completion
+    /// is an `Err` in its place, not a failure of the batch). Stores override it to finish a
+    /// consumer's whole batch in one round trip.
+    async fn finish_batch(
+        &self,
+        items: &[(DedupKey<'_>, u64, Finish<'_>)],
+    ) -> Result<Vec<Result<()>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (key, token, finish) in items {
+            out.push(match finish {
+                Finish::Complete(result) => self.complete(*key, *token, *result).await,
+                Finish::Release => self.release(*key, *token).await,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// How [`ClaimStore::finish_batch`] ends one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish<'a> {
+    /// [`ClaimStore::complete`] with this result.
+    Complete(Option<&'a [u8]>),
+    /// [`ClaimStore::release`].
+    Release,
 }
 
 /// Checks an SQL identifier given in configuration (a table or column name): 1-63 characters

@@ -10,28 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use justonce::sql::{SqliteQueue, SqliteQueueOptions, SqliteStore};
+use justonce::sql::{SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Publisher, Semantics};
 
-use crate::orders::{self, Effects, PaymentHandler};
+use crate::orders::{self, Effects, PaymentApi, PaymentHandler, Strategy};
 pub(crate) use plan::IdStrategy;
 use plan::{Plan, PlanFaults};
 use report::{Report, Row};
-
-/// The idempotency strategies the demo can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Strategy {
-    /// A dedup table written in the business transaction.
-    DedupTable,
-}
-
-impl Strategy {
-    fn as_str(self) -> &'static str {
-        match self {
-            Strategy::DedupTable => "dedup-table",
-        }
-    }
-}
 
 /// Arguments of `justonce demo`.
 #[derive(Debug, clap::Args)]
@@ -119,7 +104,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display())),
         };
-        let row = run_one(&args, &plan, semantics, &target, &run_id)
+        let row = run_one(&args, &plan, semantics, &target, &dir, &run_id)
             .await
             .with_context(|| format!("the {semantics} run failed"))?;
         report.rows.push(row);
@@ -137,6 +122,7 @@ async fn run_one(
     plan: &Arc<Plan>,
     semantics: Semantics,
     target: &Target,
+    dir: &std::path::Path,
     run_id: &str,
 ) -> anyhow::Result<Row> {
     let queue_name = format!("demo-{}-{run_id}", semantics.as_str());
@@ -144,19 +130,33 @@ async fn run_one(
     qopts.lease = Duration::from_millis(args.lease_ms);
     let queue = SqliteQueue::open_with(&target.transport, &queue_name, qopts).await?;
     let store = SqliteStore::open(&target.store).await?;
-    orders::setup(&store, true).await?;
+    let order_ids: Vec<&str> = plan.orders.iter().map(|o| o.order_id.as_str()).collect();
+    orders::setup(&store, true, &order_ids).await?;
+    let sqlite_in = |file: &str| format!("sqlite:{}", dir.join(file).display());
+    let api = match args.strategy {
+        Strategy::Claim => Some(PaymentApi::open(&sqlite_in("payment-api.db")).await?),
+        _ => None,
+    };
 
-    let handler = PaymentHandler::default();
+    let guarded = semantics == Semantics::EffectivelyOnce;
+    let handler = PaymentHandler::new(args.strategy, guarded, api.clone())?;
     let faults = Arc::new(PlanFaults::new(plan.clone()));
     let mut opts = ConsumerOptions::new(format!("demo-{run_id}"));
     opts.semantics = semantics;
+    opts.idempotency = args.strategy.idempotency();
+    opts.id_strategy = args.id_strategy.consumer();
+    opts.claim_lease = Duration::from_millis(args.lease_ms);
     opts.batch_size = args.batch_size;
     opts.concurrency = args.concurrency;
     opts.seed = args.seed;
     opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
-    let consumer = Consumer::new(opts, queue.clone(), store.clone(), handler.clone())?
+    let mut consumer = Consumer::new(opts, queue.clone(), store.clone(), handler.clone())?
         .with_fault_hook(faults.clone());
+    if args.strategy == Strategy::Claim {
+        let claims = SqliteClaimStore::open(&sqlite_in("claims.db")).await?;
+        consumer = consumer.with_claims(Arc::new(claims));
+    }
 
     let bar = progress_bar(args.json, plan.orders.len() as u64, semantics);
     let started = Instant::now();
@@ -173,7 +173,13 @@ async fn run_one(
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
 
-    let effects = Effects::read(&store).await?;
+    let (effects, api_calls) = match &api {
+        Some(api) => {
+            let (effects, calls) = api.effects().await?;
+            (effects, Some(calls))
+        }
+        None => (Effects::read(&store).await?, None),
+    };
     if !effects.consistent {
         bail!("account balances do not add up to the ledger: a transaction was not atomic");
     }
@@ -197,6 +203,7 @@ async fn run_one(
         seconds,
         msgs_per_sec: sent as f64 / seconds.max(1e-9),
         faults_fired: faults.fired.snapshot(&plan.planned()),
+        api_calls,
     })
 }
 

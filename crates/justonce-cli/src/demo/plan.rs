@@ -21,13 +21,20 @@ const CRASH_AFTER_ACK: f64 = 0.002;
 /// The kinds of poison the publisher sends.
 const POISON_KINDS: usize = 4;
 
-/// How ids are given to published messages.
+/// Where message ids come from, on the publisher's side and the consumer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum IdStrategy {
-    /// The order id, set as the message id (the source article's advice).
+    /// The publisher sets the order id as the message id; the consumer reads it (the
+    /// source article's advice).
     MessageId,
-    /// A new UUID for every publish attempt: a retry gets a new id.
+    /// The publisher makes a new UUID for every publish attempt; the consumer reads it.
     FreshUuid,
+    /// The publisher makes a new UUID per attempt; the consumer takes the id from the
+    /// payload's `/order_id` field instead.
+    Field,
+    /// The publisher makes a new UUID per attempt; the consumer takes a hash of the
+    /// payload's canonical JSON instead.
+    ContentHash,
 }
 
 impl IdStrategy {
@@ -35,6 +42,17 @@ impl IdStrategy {
         match self {
             IdStrategy::MessageId => "message-id",
             IdStrategy::FreshUuid => "fresh-uuid",
+            IdStrategy::Field => "field",
+            IdStrategy::ContentHash => "content-hash",
+        }
+    }
+
+    /// How the consumer derives the id.
+    pub(crate) fn consumer(self) -> justonce::IdStrategy {
+        match self {
+            IdStrategy::MessageId | IdStrategy::FreshUuid => justonce::IdStrategy::Header,
+            IdStrategy::Field => justonce::IdStrategy::field("/order_id"),
+            IdStrategy::ContentHash => justonce::IdStrategy::content_hash("payments"),
         }
     }
 }
@@ -86,6 +104,7 @@ impl Plan {
                 order_id: order_id.clone(),
                 account: rng.i64(1..=ACCOUNTS),
                 amount: rng.i64(1..=10_000),
+                version: 0,
             };
             let poison = rng.f64() < POISON;
             let payload = if poison {
@@ -138,7 +157,9 @@ impl Plan {
     pub(crate) fn message(&self, o: &Planned, ids: IdStrategy) -> Message {
         let id = match ids {
             IdStrategy::MessageId => o.order_id.clone(),
-            IdStrategy::FreshUuid => uuid::Uuid::new_v4().to_string(),
+            IdStrategy::FreshUuid | IdStrategy::Field | IdStrategy::ContentHash => {
+                uuid::Uuid::new_v4().to_string()
+            }
         };
         Message::new(o.payload.clone())
             .with_content_type("application/json")

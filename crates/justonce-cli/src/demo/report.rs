@@ -37,6 +37,9 @@ pub(crate) struct Row {
     pub(crate) msgs_per_sec: f64,
     /// The crashes and lost acks that actually happened in this run.
     pub(crate) faults_fired: FaultCounts,
+    /// Calls the external payment API received (claim strategy only); `effects` are its charges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) api_calls: Option<u64>,
 }
 
 impl Report {
@@ -93,41 +96,100 @@ impl Report {
         for r in &self.rows {
             let _ = writeln!(out, "{}", self.explain(r));
         }
-        if self.id_strategy == "fresh-uuid" {
-            let _ = writeln!(
-                out,
-                "\nfresh-uuid: the publisher gave each of its {} retries a new UUID, so dedup saw new \
-                 messages and applied them again: a producer id regenerated on retry defeats dedup; \
-                 use the business id (or a content hash) as the message id.",
-                f.duplicate_publishes
-            );
+        if let Some(note) = self.id_note() {
+            let _ = writeln!(out, "\n{note}");
         }
         out
     }
 
+    /// One line on where the ids came from, when it is not the plain message id.
+    fn id_note(&self) -> Option<String> {
+        let eo = self
+            .rows
+            .iter()
+            .find(|r| r.semantics == "effectively-once")?;
+        let retries = self.faults.duplicate_publishes;
+        Some(match self.id_strategy.as_str() {
+            "fresh-uuid" if eo.duplicate_effects > 0 => format!(
+                "fresh-uuid: the publisher gave each of its {retries} retries a new UUID, so dedup saw \
+                 new messages and applied them again: a producer id regenerated on retry defeats \
+                 dedup; use the business id (or a content hash) as the message id."
+            ),
+            "fresh-uuid" => format!(
+                "fresh-uuid: the publisher gave each of its {retries} retries a new UUID, but the {} \
+                 guard keys on the order itself, not on the message id, so the retries were caught.",
+                self.strategy
+            ),
+            "field" => format!(
+                "field: the publisher gave each of its {retries} retries a new UUID; the consumer took \
+                 the id from the payload's /order_id instead, so the retries were caught."
+            ),
+            "content-hash" => format!(
+                "content-hash: the publisher gave each of its {retries} retries a new UUID; the \
+                 consumer keyed on sha256 of the payload's canonical JSON instead, so the identical \
+                 retries were caught."
+            ),
+            _ => return None,
+        })
+    }
+
     fn explain(&self, r: &Row) -> String {
         let fired = &r.faults_fired;
-        match r.semantics.as_str() {
-            "at-most-once" => format!(
+        let tail = format!(
+            "{} lost, {} duplicate effects; {} poison messages dead-lettered with a reason.",
+            r.lost, r.duplicate_effects, r.dead_lettered
+        );
+        match (r.semantics.as_str(), self.strategy.as_str()) {
+            ("at-most-once", _) => format!(
                 "at-most-once: acks before handling, so the {} batches that crashed after their ack \
                  and the {} that crashed before commit lost {} orders; the {} duplicate publishes \
                  were still applied twice ({} duplicate effects).",
-                fired.crash_after_ack, fired.crash_before_commit, r.lost, self.faults.duplicate_publishes,
+                fired.crash_after_ack,
+                fired.crash_before_commit,
+                r.lost,
+                self.faults.duplicate_publishes,
                 r.duplicate_effects
             ),
-            "at-least-once" => format!(
+            ("at-least-once", strategy) => format!(
                 "at-least-once: acks after commit, so nothing is lost ({} lost), but the {} batches \
                  that crashed after commit, the {} lost acks and the {} duplicate publishes were \
-                 delivered again and applied again: {} duplicate effects.",
-                r.lost, fired.crash_after_commit, fired.ack_lost, self.faults.duplicate_publishes,
+                 delivered again and applied again{}: {} duplicate effects.",
+                r.lost,
+                fired.crash_after_commit,
+                fired.ack_lost,
+                self.faults.duplicate_publishes,
+                if strategy == "claim" { " (each call with a new key)" } else { "" },
                 r.duplicate_effects
+            ),
+            (_, "unique-key") => format!(
+                "effectively-once (unique key): each payment inserts its order id as a primary key in \
+                 its transaction; a second delivery failed on the unique index, rolled back to its \
+                 savepoint and was acked: {tail}"
+            ),
+            (_, "state-machine") => format!(
+                "effectively-once (state machine): each payment moves its order PENDING -> PAID with a \
+                 conditional update in its transaction; a second delivery found it PAID and was acked \
+                 as a duplicate: {tail}"
+            ),
+            (_, "version") => format!(
+                "effectively-once (version): each payment bumps its order's version from the one it \
+                 carries (compare-and-set); a second delivery found a newer version and was acked as \
+                 a duplicate: {tail}"
+            ),
+            (_, "claim") => format!(
+                "effectively-once (claim): each API call ran under a claim with a lease and a stable \
+                 idempotency key; {} calls made {} charges: completed claims kept redeliveries from \
+                 calling, and calls repeated after a crash took the claim over with the same key, \
+                 which the API charged once: {tail}",
+                r.api_calls.unwrap_or(0),
+                r.effects
             ),
             _ => format!(
                 "effectively-once: the dedup record commits with the payment, so a delivery after \
                  a commit finds its key and is acked without a second effect (the handler ran {} \
                  times for {} deliveries), and one after a rollback finds no key and applies once: \
-                 {} lost, {} duplicate effects; {} poison messages dead-lettered with a reason.",
-                r.handler_runs, r.deliveries, r.lost, r.duplicate_effects, r.dead_lettered
+                 {tail}",
+                r.handler_runs, r.deliveries
             ),
         }
     }

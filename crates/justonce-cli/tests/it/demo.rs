@@ -170,3 +170,50 @@ fn a_backend_that_is_not_built_is_a_clear_error() {
         "credentials are never printed: {err}"
     );
 }
+
+#[test]
+fn every_strategy_keeps_effectively_once() {
+    for strategy in [
+        "dedup-table",
+        "unique-key",
+        "state-machine",
+        "version",
+        "claim",
+    ] {
+        let r = json_demo(&["--messages", "1500", "--seed", "2", "--strategy", strategy]);
+        assert_eq!(r["strategy"], strategy);
+        let poison = n(&r["faults"], "poison");
+        let eo = row(&r, "effectively-once");
+        assert_eq!(n(eo, "lost"), 0, "{strategy}: {eo}");
+        assert_eq!(n(eo, "duplicate_effects"), 0, "{strategy}: {eo}");
+        assert!(
+            n(eo, "deliveries") > n(eo, "sent"),
+            "{strategy}: redeliveries happened: {eo}"
+        );
+        assert_eq!(n(eo, "dead_lettered"), poison, "{strategy}: {eo}");
+        let alo = row(&r, "at-least-once");
+        assert!(
+            n(alo, "duplicate_effects") > 0,
+            "{strategy}: without the method, duplicates: {alo}"
+        );
+        if strategy == "claim" {
+            assert!(n(eo, "api_calls") >= n(eo, "effects"), "{eo}");
+        }
+    }
+}
+
+#[test]
+fn ids_derived_by_the_consumer_survive_a_producer_that_regenerates_them() {
+    for ids in ["field", "content-hash"] {
+        let r = json_demo(&["--messages", "1500", "--seed", "3", "--id-strategy", ids]);
+        let dups = n(&r["faults"], "duplicate_publishes");
+        let eo = row(&r, "effectively-once");
+        assert_eq!(
+            n(eo, "sent"),
+            1500 + dups,
+            "{ids}: the publisher made a new id per attempt"
+        );
+        assert_eq!(n(eo, "lost"), 0, "{ids}: {eo}");
+        assert_eq!(n(eo, "duplicate_effects"), 0, "{ids}: {eo}");
+    }
+}

@@ -1,8 +1,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use justonce_core::{ClaimState, ClaimStore, DedupKey, Error, ErrorKind, Fingerprint, Result};
-use sqlx::{Row, SqlitePool};
+use justonce_core::{
+    ClaimState, ClaimStore, DedupKey, Error, ErrorKind, Fingerprint, Finish, Result,
+};
+use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::{connect, NOW_MS};
 
@@ -63,6 +65,119 @@ fn fenced(key: DedupKey<'_>, token: u64, current: Option<i64>) -> Error {
     )
 }
 
+async fn acquire_in(
+    conn: &mut SqliteConnection,
+    key: DedupKey<'_>,
+    fp: Fingerprint,
+    lease: Duration,
+) -> Result<ClaimState> {
+    let select = format!(
+        "SELECT fingerprint, state, token, result, lease_until - {NOW_MS} AS remaining
+         FROM jo_claims WHERE consumer = ? AND message_id = ?"
+    );
+    let row = sqlx::query(&select)
+        .bind(key.consumer)
+        .bind(key.message_id.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let lease_ms = lease.as_millis() as i64;
+    let Some(r) = row else {
+        let insert = format!(
+            "INSERT INTO jo_claims (consumer, message_id, fingerprint, state, token, lease_until)
+             VALUES (?, ?, ?, 'in_progress', 1, {NOW_MS} + ?)"
+        );
+        sqlx::query(&insert)
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .bind(fp.to_hex())
+            .bind(lease_ms)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(ClaimState::Acquired { token: 1 });
+    };
+    let stored_hex: &str = r.get("fingerprint");
+    let stored =
+        Fingerprint::from_hex(stored_hex).unwrap_or_else(|| Fingerprint::of(stored_hex.as_bytes()));
+    let token: i64 = r.get("token");
+    let remaining: Option<i64> = r.get("remaining");
+    Ok(match r.get::<&str, _>("state") {
+        "completed" if stored == fp => ClaimState::Completed {
+            result: r.get("result"),
+        },
+        "completed" => ClaimState::Conflict { stored },
+        "in_progress" if remaining.unwrap_or(0) > 0 => ClaimState::InProgress {
+            retry_after: Duration::from_millis(remaining.unwrap_or(0) as u64),
+        },
+        _ => {
+            let takeover = format!(
+                "UPDATE jo_claims SET state = 'in_progress', token = token + 1,
+                     fingerprint = ?, lease_until = {NOW_MS} + ?
+                 WHERE consumer = ? AND message_id = ?"
+            );
+            sqlx::query(&takeover)
+                .bind(fp.to_hex())
+                .bind(lease_ms)
+                .bind(key.consumer)
+                .bind(key.message_id.as_str())
+                .execute(&mut *conn)
+                .await?;
+            ClaimState::Acquired {
+                token: token as u64 + 1,
+            }
+        }
+    })
+}
+
+/// Completes or releases one claim. The outer `Result` is the database's; the inner one
+/// says whether the token still held the claim.
+async fn finish_in(
+    conn: &mut SqliteConnection,
+    key: DedupKey<'_>,
+    token: u64,
+    finish: Finish<'_>,
+) -> Result<Result<()>> {
+    match finish {
+        Finish::Complete(result) => {
+            let sql = format!(
+                "UPDATE jo_claims SET state = 'completed', result = ?, completed_at = {NOW_MS},
+                     lease_until = NULL
+                 WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'"
+            );
+            let done = sqlx::query(&sql)
+                .bind(result)
+                .bind(key.consumer)
+                .bind(key.message_id.as_str())
+                .bind(token as i64)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if done == 1 {
+                return Ok(Ok(()));
+            }
+            let current: Option<i64> = sqlx::query_scalar(
+                "SELECT token FROM jo_claims WHERE consumer = ? AND message_id = ?",
+            )
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(Err(fenced(key, token, current)))
+        }
+        Finish::Release => {
+            sqlx::query(
+                "UPDATE jo_claims SET state = 'released', lease_until = NULL
+                 WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'",
+            )
+            .bind(key.consumer)
+            .bind(key.message_id.as_str())
+            .bind(token as i64)
+            .execute(&mut *conn)
+            .await?;
+            Ok(Ok(()))
+        }
+    }
+}
+
 #[async_trait]
 impl ClaimStore for SqliteClaimStore {
     async fn acquire(
@@ -71,106 +186,20 @@ impl ClaimStore for SqliteClaimStore {
         fp: Fingerprint,
         lease: Duration,
     ) -> Result<ClaimState> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let select = format!(
-            "SELECT fingerprint, state, token, result, lease_until - {NOW_MS} AS remaining
-             FROM jo_claims WHERE consumer = ? AND message_id = ?"
-        );
-        let row = sqlx::query(&select)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let lease_ms = lease.as_millis() as i64;
-        let state = match row {
-            None => {
-                let insert = format!(
-                    "INSERT INTO jo_claims (consumer, message_id, fingerprint, state, token, lease_until)
-                     VALUES (?, ?, ?, 'in_progress', 1, {NOW_MS} + ?)"
-                );
-                sqlx::query(&insert)
-                    .bind(key.consumer)
-                    .bind(key.message_id.as_str())
-                    .bind(fp.to_hex())
-                    .bind(lease_ms)
-                    .execute(&mut *tx)
-                    .await?;
-                ClaimState::Acquired { token: 1 }
-            }
-            Some(r) => {
-                let stored = Fingerprint::from_hex(r.get::<&str, _>("fingerprint"))
-                    .unwrap_or_else(|| Fingerprint::of(r.get::<&str, _>("fingerprint").as_bytes()));
-                let state: &str = r.get("state");
-                let token: i64 = r.get("token");
-                let remaining: Option<i64> = r.get("remaining");
-                match state {
-                    "completed" if stored == fp => ClaimState::Completed {
-                        result: r.get("result"),
-                    },
-                    "completed" => ClaimState::Conflict { stored },
-                    "in_progress" if remaining.unwrap_or(0) > 0 => ClaimState::InProgress {
-                        retry_after: Duration::from_millis(remaining.unwrap_or(0) as u64),
-                    },
-                    _ => {
-                        let takeover = format!(
-                            "UPDATE jo_claims SET state = 'in_progress', token = token + 1,
-                                 fingerprint = ?, lease_until = {NOW_MS} + ?
-                             WHERE consumer = ? AND message_id = ?"
-                        );
-                        sqlx::query(&takeover)
-                            .bind(fp.to_hex())
-                            .bind(lease_ms)
-                            .bind(key.consumer)
-                            .bind(key.message_id.as_str())
-                            .execute(&mut *tx)
-                            .await?;
-                        ClaimState::Acquired {
-                            token: token as u64 + 1,
-                        }
-                    }
-                }
-            }
-        };
-        tx.commit().await?;
-        Ok(state)
+        let mut states = self.acquire_batch(&[(key, fp)], lease).await?;
+        states
+            .pop()
+            .ok_or_else(|| Error::new(ErrorKind::Database, "acquire returned nothing"))
     }
 
     async fn complete(&self, key: DedupKey<'_>, token: u64, result: Option<&[u8]>) -> Result<()> {
-        let sql = format!(
-            "UPDATE jo_claims SET state = 'completed', result = ?, completed_at = {NOW_MS}, lease_until = NULL
-             WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'"
-        );
-        let done = sqlx::query(&sql)
-            .bind(result)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .bind(token as i64)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        if done == 1 {
-            return Ok(());
-        }
-        let current: Option<i64> =
-            sqlx::query_scalar("SELECT token FROM jo_claims WHERE consumer = ? AND message_id = ?")
-                .bind(key.consumer)
-                .bind(key.message_id.as_str())
-                .fetch_optional(&self.pool)
-                .await?;
-        Err(fenced(key, token, current))
+        let mut conn = self.pool.acquire().await?;
+        finish_in(&mut conn, key, token, Finish::Complete(result)).await?
     }
 
     async fn release(&self, key: DedupKey<'_>, token: u64) -> Result<()> {
-        sqlx::query(
-            "UPDATE jo_claims SET state = 'released', lease_until = NULL
-             WHERE consumer = ? AND message_id = ? AND token = ? AND state = 'in_progress'",
-        )
-        .bind(key.consumer)
-        .bind(key.message_id.as_str())
-        .bind(token as i64)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let mut conn = self.pool.acquire().await?;
+        finish_in(&mut conn, key, token, Finish::Release).await?
     }
 
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
@@ -185,5 +214,34 @@ impl ClaimStore for SqliteClaimStore {
             .execute(&self.pool)
             .await?
             .rows_affected())
+    }
+
+    /// One transaction for the whole batch.
+    async fn acquire_batch(
+        &self,
+        keys: &[(DedupKey<'_>, Fingerprint)],
+        lease: Duration,
+    ) -> Result<Vec<ClaimState>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, fp) in keys {
+            out.push(acquire_in(&mut tx, *key, *fp, lease).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// One transaction for the whole batch.
+    async fn finish_batch(
+        &self,
+        items: &[(DedupKey<'_>, u64, Finish<'_>)],
+    ) -> Result<Vec<Result<()>>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut out = Vec::with_capacity(items.len());
+        for (key, token, finish) in items {
+            out.push(finish_in(&mut tx, *key, *token, *finish).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
     }
 }

@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use justonce_core::{
     Claim, ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition,
-    Error, ErrorKind, ExponentialBackoff, Fingerprint, MessageId, Result, Semantics, Source,
+    Error, ErrorKind, ExponentialBackoff, Fingerprint, Finish, MessageId, Result, Semantics,
+    Source,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -441,74 +442,72 @@ where
         }
     }
 
-    /// Claim mode: takes the claims of the batch before its transaction begins.
+    /// Claim mode: takes the claims of the batch, in one call, before its transaction begins.
     async fn acquire_claims(
         &self,
         claims: &dyn ClaimStore,
         batch: &[Delivery],
         slots: &mut [Slot],
     ) -> Result<()> {
-        for (d, slot) in batch.iter().zip(slots.iter_mut()) {
-            let (Settle::Pending, Some(id)) = (&slot.settle, &slot.id) else {
-                continue;
-            };
-            let key = DedupKey {
-                consumer: &self.opts.name,
-                message_id: id,
-            };
-            let fp = d.message.fingerprint();
-            let state = match claims.acquire(key, fp, self.opts.claim_lease).await {
-                Ok(state) => state,
-                Err(e) => {
-                    self.release_claims(claims, slots).await;
-                    return Err(e);
-                }
-            };
+        let wanted: Vec<usize> = (0..batch.len())
+            .filter(|&i| matches!(slots[i].settle, Settle::Pending) && slots[i].id.is_some())
+            .collect();
+        let keys: Vec<(DedupKey<'_>, Fingerprint)> = wanted
+            .iter()
+            .filter_map(|&i| {
+                let id = slots[i].id.as_ref()?;
+                Some((
+                    DedupKey {
+                        consumer: &self.opts.name,
+                        message_id: id,
+                    },
+                    batch[i].message.fingerprint(),
+                ))
+            })
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let states = claims.acquire_batch(&keys, self.opts.claim_lease).await?;
+        let fps: Vec<Fingerprint> = keys.iter().map(|(_, fp)| *fp).collect();
+        for ((i, state), fp) in wanted.into_iter().zip(states).zip(fps) {
+            let d = &batch[i];
             match state {
-                ClaimState::Acquired { token } => slot.token = Some(token),
+                ClaimState::Acquired { token } => slots[i].token = Some(token),
                 // Held by someone else: look again after the backoff (the holder may finish
                 // soon) or when its lease runs out, whichever is first. Not an attempt of
                 // ours, so no attempt limit applies.
                 ClaimState::InProgress { retry_after } => {
-                    slot.settle = Settle::Nack(retry_after.min(self.backoff.delay(d.attempt)))
+                    slots[i].settle = Settle::Nack(retry_after.min(self.backoff.delay(d.attempt)))
                 }
                 ClaimState::Completed { result } => {
                     self.handler
-                        .on_duplicate(&self.context(d, slot), result.as_deref())
+                        .on_duplicate(&self.context(d, &slots[i]), result.as_deref())
                         .await;
-                    slot.settle = Settle::Ack { duplicate: true };
+                    slots[i].settle = Settle::Ack { duplicate: true };
                 }
                 ClaimState::Conflict { stored } => {
-                    slot.settle = self.settle_for(d, self.conflict(id, stored, fp));
+                    if let Some(id) = slots[i].id.clone() {
+                        slots[i].settle = self.settle_for(d, self.conflict(&id, stored, fp));
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    async fn release_claims(&self, claims: &dyn ClaimStore, slots: &mut [Slot]) {
-        for slot in slots.iter_mut() {
-            if let (Some(token), Some(id)) = (slot.token.take(), &slot.id) {
-                let key = DedupKey {
-                    consumer: &self.opts.name,
-                    message_id: id,
-                };
-                if let Err(e) = claims.release(key, token).await {
-                    warn!(error = %e.to_chain_string(), "releasing a claim failed; it expires with its lease");
-                }
-            }
-        }
-    }
-
     /// Claim mode, after the commit: completes the claims of applied messages and releases
-    /// the others. A completion refused by the fencing token leaves its delivery unsettled.
+    /// the others, in one call. A completion refused by the fencing token leaves its
+    /// delivery unsettled: its lease runs out and the new holder's outcome decides.
     async fn finish_claims(
         &self,
         claims: &dyn ClaimStore,
         slots: &mut [Slot],
-        results: Vec<Option<Vec<u8>>>,
+        results: &[Option<Vec<u8>>],
     ) {
-        for (slot, result) in slots.iter_mut().zip(results) {
+        let mut items = Vec::new();
+        let mut which = Vec::new();
+        for (i, (slot, result)) in slots.iter().zip(results).enumerate() {
             let (Some(token), Some(id)) = (slot.token, &slot.id) else {
                 continue;
             };
@@ -516,16 +515,36 @@ where
                 consumer: &self.opts.name,
                 message_id: id,
             };
-            let done = matches!(slot.settle, Settle::Ack { .. });
-            let outcome = if done {
-                claims.complete(key, token, result.as_deref()).await
+            let finish = if matches!(slot.settle, Settle::Ack { .. }) {
+                Finish::Complete(result.as_deref())
             } else {
-                claims.release(key, token).await
+                Finish::Release
             };
+            items.push((key, token, finish));
+            which.push(i);
+        }
+        if items.is_empty() {
+            return;
+        }
+        let outcomes: Vec<Result<()>> = match claims.finish_batch(&items).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                let text = e.to_chain_string();
+                let failed = |_| {
+                    Err(Error::new(
+                        ErrorKind::Io,
+                        format!("finishing claims failed: {text}"),
+                    ))
+                };
+                items.iter().map(failed).collect()
+            }
+        };
+        drop(items);
+        for (i, outcome) in which.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
-                warn!(id = %id, error = %e.to_chain_string(), "claim not finished; the delivery is left to its lease");
-                if done {
-                    slot.settle = Settle::Done;
+                warn!(error = %e.to_chain_string(), "claim not finished; the delivery is left to its lease");
+                if matches!(slots[i].settle, Settle::Ack { .. }) {
+                    slots[i].settle = Settle::Done;
                 }
             }
         }
@@ -605,7 +624,7 @@ where
             return Ok(report);
         }
         if let Some(claims) = claims {
-            self.finish_claims(claims, &mut slots, results).await;
+            self.finish_claims(claims, &mut slots, &results).await;
         }
         self.settle(&batch, slots, &mut report).await?;
         Ok(report)

@@ -66,7 +66,7 @@ impl Handler<SqliteTx> for Pay {
             Method::StateMachine => {
                 if let Some(done) = self
                     .state
-                    .transition(&mut **tx, &order, "PAID")
+                    .transition(tx, &order, "PAID")
                     .await?
                     .to_disposition()
                 {
@@ -74,12 +74,7 @@ impl Handler<SqliteTx> for Pay {
                 }
             }
             Method::Version => {
-                if let Some(done) = self
-                    .version
-                    .bump(&mut **tx, &order, 0)
-                    .await?
-                    .to_disposition(0)
-                {
+                if let Some(done) = self.version.bump(tx, &order, 0).await?.to_disposition(0) {
                     return Ok(done);
                 }
             }
