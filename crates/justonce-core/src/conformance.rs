@@ -498,3 +498,25 @@ pub async fn claim_store<C: crate::ClaimStore + 'static>(
         "in-progress claims are never purged"
     );
 }
+
+/// Whether the service at `addr` (`host:port`) answers, for tests that need a real one.
+///
+/// When it does not: with `JUSTONCE_REQUIRE_SERVICES=1` (as `.ci/run` sets) this panics, so
+/// the test fails; without it, it prints a loud line saying the test skipped and returns
+/// `false`, and the caller returns early.
+pub fn service_available(name: &str, addr: &str) -> bool {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let up = addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
+    if up {
+        return true;
+    }
+    if std::env::var("JUSTONCE_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+        panic!("{name} is not reachable at {addr} and JUSTONCE_REQUIRE_SERVICES=1: start it (see DEVELOPERS.md)");
+    }
+    eprintln!("SKIPPED: {name} is not reachable at {addr}; this test did not run (set JUSTONCE_REQUIRE_SERVICES=1 to make it fail instead)");
+    false
+}

@@ -1,0 +1,550 @@
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection};
+use tokio::sync::{mpsc, Mutex};
+use tracing::warn;
+
+use justonce_core::{
+    DeadLetterReason, Delivery, Error, Headers, Message, MessageId, Publisher, Receipt, Result,
+    Source,
+};
+
+use crate::error::amqp;
+use crate::publisher::{open, properties};
+use crate::{AmqpOptions, AmqpPublisher};
+
+/// The header counting the attempts a message made before it went through a retry tier.
+/// Quorum queues count requeues themselves in `x-delivery-count`; classic queues and retry
+/// tiers do not, and `x-death` is never relied on.
+pub const ATTEMPTS_HEADER: &str = "x-justonce-attempts";
+
+/// A RabbitMQ consumer with manual acks.
+///
+/// Deliveries are leased by the channel: an unacked delivery returns to the queue, with
+/// `redelivered` set, when the channel closes (a crash, a lost connection, a broker
+/// restart). Acks go out only when the runtime settles (after its commit), with
+/// `multiple=true` where the tags are contiguous. A nack with a delay waits in a retry tier;
+/// a dead letter is published to the dead-letter exchange, confirmed, before the original
+/// is acked. A lost connection is survived: the next receive reconnects with the topology
+/// re-declared; acks of the old channel's deliveries are dropped (the broker redelivers
+/// them, and the consumer's dedup absorbs them).
+///
+/// ```no_run
+/// use justonce_amqp::{AmqpOptions, AmqpSource};
+///
+/// # async fn run() -> justonce_core::Result<()> {
+/// let source = AmqpSource::connect("amqp://guest:guest@127.0.0.1:5672/%2f", AmqpOptions::new("orders")).await?;
+/// // Consumer::new(options, source, store, handler)
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct AmqpSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    opts: AmqpOptions,
+    live: Mutex<Option<Live>>,
+    rx: Mutex<mpsc::UnboundedReceiver<(u64, lapin::message::Delivery)>>,
+    tx: mpsc::UnboundedSender<(u64, lapin::message::Delivery)>,
+    generation: AtomicU64,
+    outstanding: std::sync::Mutex<BTreeSet<u64>>,
+    publisher: AmqpPublisher,
+    deliveries: AtomicU64,
+    redeliveries: AtomicU64,
+}
+
+struct Live {
+    conn: Connection,
+    channel: Channel,
+    generation: u64,
+    broken: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Clone)]
+struct Token {
+    generation: u64,
+    tag: u64,
+    attempt: u32,
+    message: Message,
+}
+
+impl std::fmt::Debug for AmqpSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSource")
+            .field("url", &justonce_core::redact_url(&self.inner.url))
+            .field("queue", &self.inner.opts.queue)
+            .finish()
+    }
+}
+
+fn header_text(v: &AMQPValue) -> Option<String> {
+    Some(match v {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_owned(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        _ => return None,
+    })
+}
+
+fn header_count(headers: Option<&FieldTable>, key: &str) -> u32 {
+    headers
+        .and_then(|h| h.inner().get(key))
+        .and_then(header_text)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+impl AmqpSource {
+    /// Connects, declares the topology and starts consuming. Fails with a clear error when
+    /// the broker cannot be reached.
+    pub async fn connect(url: &str, opts: AmqpOptions) -> Result<Self> {
+        opts.validate()?;
+        let publisher = AmqpPublisher::connect(url, opts.clone()).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let source = AmqpSource {
+            inner: Arc::new(Inner {
+                url: url.to_owned(),
+                opts,
+                live: Mutex::new(None),
+                rx: Mutex::new(rx),
+                tx,
+                generation: AtomicU64::new(0),
+                outstanding: std::sync::Mutex::new(BTreeSet::new()),
+                publisher,
+                deliveries: AtomicU64::new(0),
+                redeliveries: AtomicU64::new(0),
+            }),
+        };
+        source.live().await?;
+        Ok(source)
+    }
+
+    /// The options.
+    pub fn options(&self) -> &AmqpOptions {
+        &self.inner.opts
+    }
+
+    /// Deliveries this source received, and how many of them the broker marked redelivered
+    /// (counted where they arrive, from the broker's frames).
+    pub fn delivery_counts(&self) -> (u64, u64) {
+        (
+            self.inner.deliveries.load(Ordering::Relaxed),
+            self.inner.redeliveries.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Deliveries received on the current channel and not yet acked.
+    pub fn in_flight(&self) -> usize {
+        self.inner
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Messages ready in `queue` (one of [`AmqpOptions::queues`]), as the broker counts them.
+    pub async fn ready(&self, queue: &str) -> Result<u32> {
+        let channel = self.live().await?.0;
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| amqp(format!("reading the depth of {queue}"), e))?;
+        Ok(q.message_count())
+    }
+
+    /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
+    pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
+        let channel = self.live().await?.0;
+        let mut out = Vec::new();
+        let q = self.inner.opts.dead_letter_queue();
+        loop {
+            let got = channel
+                .basic_get(
+                    q.as_str().into(),
+                    lapin::options::BasicGetOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp("reading the dead-letter queue", e))?;
+            let Some(got) = got else { break };
+            out.push(to_message(&got.delivery));
+            channel
+                .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
+                .await
+                .map_err(|e| amqp("acking a dead letter", e))?;
+        }
+        Ok(out)
+    }
+
+    /// Closes the channel and connection without acking, as a crashed process would: the
+    /// broker returns every unacked delivery to the queue as a redelivery. The next receive
+    /// reconnects.
+    pub async fn abandon(&self) {
+        let live = self.inner.live.lock().await.take();
+        self.inner
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if let Some(live) = live {
+            live.broken.store(true, Ordering::SeqCst);
+            let _ = live
+                .conn
+                .close(320, "justonce: consumer abandoned its deliveries".into())
+                .await;
+        }
+    }
+
+    /// Deletes every queue and exchange of the topology: for tests and the demo.
+    pub async fn delete_topology(&self) -> Result<()> {
+        let channel = self.live().await?.0;
+        for q in self.inner.opts.queues() {
+            channel
+                .queue_delete(
+                    q.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp(format!("deleting queue {q}"), e))?;
+        }
+        for x in [
+            self.inner.opts.exchange(),
+            self.inner.opts.dead_letter_exchange(),
+        ] {
+            channel
+                .exchange_delete(
+                    x.as_str().into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp(format!("deleting exchange {x}"), e))?;
+        }
+        self.abandon().await;
+        Ok(())
+    }
+
+    /// The current channel and its generation, reconnecting if it broke.
+    async fn live(&self) -> Result<(Channel, u64)> {
+        let inner = &self.inner;
+        let mut live = inner.live.lock().await;
+        if let Some(l) = live.as_ref() {
+            if !l.broken.load(Ordering::SeqCst) && l.channel.status().connected() {
+                return Ok((l.channel.clone(), l.generation));
+            }
+        }
+        if let Some(old) = live.take() {
+            let _ = old.conn.close(200, "justonce: reconnecting".into()).await;
+        }
+        let (conn, channel) = open(&inner.url, &inner.opts).await?;
+        channel
+            .basic_qos(inner.opts.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| amqp("setting prefetch", e))?;
+        let consumer = channel
+            .basic_consume(
+                inner.opts.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| amqp(format!("consuming from {}", inner.opts.queue), e))?;
+        let generation = inner.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        inner
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let broken = Arc::new(AtomicBool::new(false));
+        let (tx, flag) = (inner.tx.clone(), broken.clone());
+        tokio::spawn(async move {
+            let mut consumer = consumer;
+            while let Some(next) = consumer.next().await {
+                match next {
+                    Ok(d) => {
+                        if tx.send((generation, d)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "RabbitMQ consumer stopped; reconnecting on the next receive");
+                        break;
+                    }
+                }
+            }
+            flag.store(true, Ordering::SeqCst);
+        });
+        *live = Some(Live {
+            conn,
+            channel: channel.clone(),
+            generation,
+            broken,
+        });
+        Ok((channel, generation))
+    }
+
+    fn take(&self, generation: u64, d: lapin::message::Delivery) -> Delivery {
+        let headers = d.properties.headers().as_ref();
+        let before = header_count(headers, ATTEMPTS_HEADER);
+        let requeues = match header_count(headers, "x-delivery-count") {
+            0 if d.redelivered => 1,
+            n => n,
+        };
+        let attempt = before + requeues + 1;
+        let message = to_message(&d);
+        self.inner
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(d.delivery_tag);
+        self.inner.deliveries.fetch_add(1, Ordering::Relaxed);
+        if d.redelivered || attempt > 1 {
+            self.inner.redeliveries.fetch_add(1, Ordering::Relaxed);
+        }
+        Delivery {
+            message: message.clone(),
+            attempt,
+            redelivered: d.redelivered || attempt > 1,
+            receipt: Receipt::new(Token {
+                generation,
+                tag: d.delivery_tag,
+                attempt,
+                message,
+            }),
+        }
+    }
+
+    /// Acks the given tags of the current generation, `multiple` over the longest run of
+    /// the oldest outstanding tags. Tags not outstanding (already acked, or from a channel
+    /// that closed) are skipped: acking an unknown tag would close the channel.
+    async fn ack_tags(&self, generation: u64, tags: &[u64]) -> Result<()> {
+        let Some((channel, current)) = self.current().await else {
+            return Ok(());
+        };
+        if generation != current {
+            return Ok(());
+        }
+        let (multiple, singles) = {
+            let mut out = self
+                .inner
+                .outstanding
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let wanted: BTreeSet<u64> = tags.iter().copied().filter(|t| out.contains(t)).collect();
+            let mut upto = None;
+            for t in out.iter() {
+                if wanted.contains(t) {
+                    upto = Some(*t);
+                } else {
+                    break;
+                }
+            }
+            for t in &wanted {
+                out.remove(t);
+            }
+            let singles: Vec<u64> = wanted
+                .into_iter()
+                .filter(|t| upto.is_none_or(|u| *t > u))
+                .collect();
+            (upto, singles)
+        };
+        if let Some(t) = multiple {
+            channel
+                .basic_ack(t, BasicAckOptions { multiple: true })
+                .await
+                .map_err(|e| amqp("acking", e))?;
+        }
+        for t in singles {
+            channel
+                .basic_ack(t, BasicAckOptions::default())
+                .await
+                .map_err(|e| amqp("acking", e))?;
+        }
+        Ok(())
+    }
+
+    async fn current(&self) -> Option<(Channel, u64)> {
+        let live = self.inner.live.lock().await;
+        live.as_ref()
+            .filter(|l| !l.broken.load(Ordering::SeqCst))
+            .map(|l| (l.channel.clone(), l.generation))
+    }
+}
+
+fn to_message(d: &lapin::message::Delivery) -> Message {
+    let mut headers = Headers::new();
+    if let Some(table) = d.properties.headers() {
+        for (k, v) in table.inner() {
+            if let Some(text) = header_text(v) {
+                headers.insert(k.as_str().to_owned(), text);
+            }
+        }
+    }
+    let id = d
+        .properties
+        .message_id()
+        .as_ref()
+        .and_then(|s| MessageId::new(s.as_str()).ok());
+    let mut m = Message::new(d.data.clone())
+        .with_message_id(id)
+        .with_headers(headers);
+    if let Some(ct) = d.properties.content_type() {
+        m = m.with_content_type(ct.as_str());
+    }
+    m
+}
+
+fn token(receipt: &Receipt) -> Result<&Token> {
+    receipt
+        .downcast_ref::<Token>()
+        .ok_or_else(|| Error::config("receipt does not belong to an AmqpSource"))
+}
+
+#[async_trait]
+impl Source for AmqpSource {
+    fn queue(&self) -> &str {
+        &self.inner.opts.queue
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut rx = self.inner.rx.lock().await;
+        loop {
+            // Reconnects if the channel broke while we waited: its deliveries are back in
+            // the queue, and only a new channel receives them.
+            let (_, generation) = self.live().await?;
+            let slice = (tokio::time::Instant::now() + Duration::from_millis(100)).min(deadline);
+            let mut out = Vec::new();
+            if let Ok(Some(first)) = tokio::time::timeout_at(slice, rx.recv()).await {
+                let mut next = Some(first);
+                while let Some((gen, d)) = next.take() {
+                    // A delivery of a channel that has closed: the broker requeued it already.
+                    if gen == generation {
+                        out.push(self.take(gen, d));
+                    }
+                    if out.len() < max {
+                        // The broker pushes a burst frame by frame: gather until a short gap.
+                        next = tokio::time::timeout(Duration::from_millis(2), rx.recv())
+                            .await
+                            .unwrap_or_default();
+                    }
+                }
+            }
+            if !out.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn ack(&self, receipts: &[&Receipt]) -> Result<()> {
+        let mut by_gen: Vec<(u64, u64)> = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            let t = token(r)?;
+            by_gen.push((t.generation, t.tag));
+        }
+        let Some((_, current)) = self.current().await else {
+            return Ok(());
+        };
+        let tags: Vec<u64> = by_gen
+            .iter()
+            .filter(|(g, _)| *g == current)
+            .map(|(_, t)| *t)
+            .collect();
+        self.ack_tags(current, &tags).await
+    }
+
+    async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
+        let t = token(receipt)?;
+        if delay.is_zero() {
+            if let Some((channel, current)) = self.current().await {
+                let owned = self
+                    .inner
+                    .outstanding
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&t.tag);
+                if current == t.generation && owned {
+                    channel
+                        .basic_nack(
+                            t.tag,
+                            BasicNackOptions {
+                                requeue: true,
+                                ..BasicNackOptions::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| amqp("nacking", e))?;
+                }
+            }
+            return Ok(());
+        }
+        // Through a retry tier: the copy is confirmed before the original is acked.
+        let tier = self.inner.opts.retry_queue(delay);
+        let extra = [(ATTEMPTS_HEADER.to_owned(), t.attempt.to_string())];
+        let props = properties(&t.message, &extra);
+        self.inner
+            .publisher
+            .send("", &tier, &[(t.message.payload(), props)])
+            .await?;
+        self.ack_tags(t.generation, &[t.tag]).await
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
+        let t = token(&delivery.receipt)?;
+        let mut extra: Vec<(String, String)> = reason.to_headers().into_iter().collect();
+        extra.push((ATTEMPTS_HEADER.to_owned(), t.attempt.to_string()));
+        let props = properties(&delivery.message, &extra);
+        let opts = &self.inner.opts;
+        self.inner
+            .publisher
+            .send(
+                &opts.dead_letter_exchange(),
+                &opts.queue,
+                &[(delivery.message.payload(), props)],
+            )
+            .await?;
+        self.ack_tags(t.generation, &[t.tag]).await
+    }
+
+    fn redelivery_delay(&self) -> Duration {
+        self.inner
+            .opts
+            .retry_delays
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl Publisher for AmqpSource {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        self.inner.publisher.publish(message).await
+    }
+
+    async fn publish_batch(&self, messages: &[Message]) -> Result<()> {
+        self.inner.publisher.publish_batch(messages).await
+    }
+}

@@ -1,0 +1,191 @@
+//! The RabbitMQ transport against the real broker (JUSTONCE_AMQP_URL, default the local one).
+//! Each test declares its own queues under a fresh name and deletes them at the end.
+
+use std::time::{Duration, Instant};
+
+use justonce_amqp::{AmqpOptions, AmqpPublisher, AmqpSource};
+use justonce_core::{conformance, DeadLetterReason, ErrorKind, Message, Publisher, Source};
+use lapin::options::QueueDeleteOptions;
+
+fn url() -> Option<String> {
+    let url = std::env::var("JUSTONCE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    conformance::service_available("RabbitMQ", "127.0.0.1:5672").then_some(url)
+}
+
+fn options(test: &str) -> AmqpOptions {
+    let mut o = AmqpOptions::new(format!("jo-test-{test}-{:08x}", fastrand_u32()));
+    o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(1500)];
+    o
+}
+
+fn fastrand_u32() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+fn msg(id: &str) -> Message {
+    Message::new(format!(r#"{{"id":"{id}"}}"#))
+        .with_id(id)
+        .unwrap()
+        .with_header("tenant", "acme")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rabbitmq_queue_keeps_the_queue_contract() {
+    let Some(url) = url() else { return };
+    let mut o = options("contract");
+    // The contract's 900 ms nack waits in the 900 ms tier; quorum queues count requeues.
+    o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(900)];
+    let q = AmqpSource::connect(&url, o).await.unwrap();
+    // The contract's "lease" expiry: on RabbitMQ a delivery comes back when its channel closes.
+    let lease = Duration::from_millis(300);
+    let src = q.clone();
+    let closer = tokio::spawn(async move {
+        // c is received, then neither acked nor nacked: close the channel as a crash would.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        src.abandon().await;
+    });
+    conformance::queue(&q, lease, "amqp").await;
+    closer.await.unwrap();
+    q.delete_topology().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unroutable_publish_fails() {
+    let Some(url) = url() else { return };
+    let o = options("unroutable");
+    let publisher = AmqpPublisher::connect(&url, o.clone()).await.unwrap();
+    let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(o.queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let err = publisher.publish(&msg("lost-1")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(
+        err.to_string().contains("message lost-1 is unroutable"),
+        "{err}"
+    );
+    let cleanup = AmqpSource::connect(&url, o).await.unwrap();
+    cleanup.delete_topology().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_returns_only_once_the_broker_has_the_message() {
+    let Some(url) = url() else { return };
+    let o = options("confirm");
+    let publisher = AmqpPublisher::connect(&url, o.clone()).await.unwrap();
+    let probe = AmqpSource::connect(&url, {
+        let mut p = o.clone();
+        p.prefetch = 1;
+        p
+    })
+    .await
+    .unwrap();
+    probe.abandon().await; // no consumer holding messages: the depth is the whole queue
+    let batch: Vec<Message> = (0..1000).map(|i| msg(&format!("c-{i}"))).collect();
+    publisher.publish(&msg("c-first")).await.unwrap();
+    publisher.publish_batch(&batch).await.unwrap();
+    let depth = ready_without_consuming(&url, &o.queue).await;
+    assert_eq!(
+        depth, 1001,
+        "every confirmed message is in the queue when publish returns"
+    );
+    probe.delete_topology().await.unwrap();
+}
+
+async fn ready_without_consuming(url: &str, queue: &str) -> u32 {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    q.message_count()
+}
+
+#[tokio::test]
+async fn a_delayed_retry_arrives_no_earlier_than_its_delay_with_the_attempt_counted() {
+    let Some(url) = url() else { return };
+    let q = AmqpSource::connect(&url, options("retry")).await.unwrap();
+    q.publish(&msg("r-1")).await.unwrap();
+    let first = q.receive(1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first[0].attempt, 1);
+    let nacked_at = Instant::now();
+    q.nack(&first[0].receipt, Duration::from_millis(1000))
+        .await
+        .unwrap(); // the 1.5 s tier
+    let again = q.receive(1, Duration::from_secs(10)).await.unwrap();
+    let waited = nacked_at.elapsed();
+    assert_eq!(again.len(), 1, "the message came back from its retry tier");
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "it waited {waited:?}, less than its delay"
+    );
+    assert_eq!(
+        again[0].attempt, 2,
+        "the attempt survived the tier in our own header"
+    );
+    assert_eq!(again[0].message.id().unwrap().as_str(), "r-1");
+    assert_eq!(again[0].message.header("tenant"), Some("acme"));
+    q.ack(&[&again[0].receipt]).await.unwrap();
+    q.delete_topology().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_letter_carries_its_reason_and_leaves_the_work_queue() {
+    let Some(url) = url() else { return };
+    let q = AmqpSource::connect(&url, options("dead")).await.unwrap();
+    q.publish(&msg("d-1")).await.unwrap();
+    let got = q.receive(1, Duration::from_secs(5)).await.unwrap();
+    let reason = DeadLetterReason {
+        error: "invalid input: amount must be positive".into(),
+        attempts: got[0].attempt,
+        source_queue: q.queue().into(),
+        consumer: "billing".into(),
+    };
+    q.dead_letter(&got[0], &reason).await.unwrap();
+    let letters = q.drain_dead_letters().await.unwrap();
+    assert_eq!(letters.len(), 1);
+    let dl = &letters[0];
+    assert_eq!(dl.id().unwrap().as_str(), "d-1");
+    assert_eq!(DeadLetterReason::from_headers(dl.headers()), Some(reason));
+    assert_eq!(dl.header("tenant"), Some("acme"));
+    assert!(
+        q.receive(1, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_empty(),
+        "acked after the dead letter"
+    );
+    q.delete_topology().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_url_is_a_clear_error_without_the_password() {
+    let e = AmqpSource::connect("amqp://guest:s3cret@127.0.0.1:1/%2f", AmqpOptions::new("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connect);
+    let text = e.to_string();
+    assert!(
+        text.contains("cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/%2f"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"));
+}
