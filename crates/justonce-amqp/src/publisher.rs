@@ -25,6 +25,12 @@ pub(crate) async fn open(url: &str, opts: &AmqpOptions) -> Result<(Connection, C
     Ok((conn, channel))
 }
 
+/// Closes a connection, giving up after two seconds: a connection whose socket already
+/// broke may never answer the close.
+pub(crate) async fn close_quietly(conn: &Connection, code: u16, text: &str) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(code, text.into())).await;
+}
+
 /// A message as AMQP properties: persistent (delivery mode 2), `message_id` set from the
 /// message's id, its headers, plus `extra` headers.
 pub(crate) fn properties(m: &Message, extra: &[(String, String)]) -> BasicProperties {
@@ -117,7 +123,7 @@ impl AmqpPublisher {
 
     async fn reset(&self) {
         if let Some((conn, _)) = self.live.lock().await.take() {
-            let _ = conn.close(200, "justonce publisher reset".into()).await;
+            close_quietly(&conn, 200, "justonce publisher reset").await;
         }
     }
 

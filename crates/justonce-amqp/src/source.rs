@@ -19,7 +19,7 @@ use justonce_core::{
 };
 
 use crate::error::amqp;
-use crate::publisher::{open, properties};
+use crate::publisher::{close_quietly, open, properties};
 use crate::{AmqpOptions, AmqpPublisher};
 
 /// The header counting the attempts a message made before it went through a retry tier.
@@ -59,6 +59,10 @@ struct Inner {
     tx: mpsc::UnboundedSender<(u64, lapin::message::Delivery)>,
     generation: AtomicU64,
     outstanding: std::sync::Mutex<BTreeSet<u64>>,
+    /// Held while acks and nacks are computed and sent: a `multiple` ack sent ahead of an
+    /// earlier one would cover its tags, and the earlier one would then name tags the
+    /// broker no longer knows, which closes the channel.
+    settle_order: Mutex<()>,
     publisher: AmqpPublisher,
     deliveries: AtomicU64,
     redeliveries: AtomicU64,
@@ -125,6 +129,7 @@ impl AmqpSource {
                 tx,
                 generation: AtomicU64::new(0),
                 outstanding: std::sync::Mutex::new(BTreeSet::new()),
+                settle_order: Mutex::new(()),
                 publisher,
                 deliveries: AtomicU64::new(0),
                 redeliveries: AtomicU64::new(0),
@@ -197,6 +202,12 @@ impl AmqpSource {
         Ok(out)
     }
 
+    /// Publishes without waiting for the confirm; see
+    /// [`AmqpPublisher::publish_without_confirm`].
+    pub async fn publish_without_confirm(&self, message: &Message) -> Result<()> {
+        self.inner.publisher.publish_without_confirm(message).await
+    }
+
     /// Closes the channel and connection without acking, as a crashed process would: the
     /// broker returns every unacked delivery to the queue as a redelivery. The next receive
     /// reconnects.
@@ -209,10 +220,12 @@ impl AmqpSource {
             .clear();
         if let Some(live) = live {
             live.broken.store(true, Ordering::SeqCst);
-            let _ = live
-                .conn
-                .close(320, "justonce: consumer abandoned its deliveries".into())
-                .await;
+            close_quietly(
+                &live.conn,
+                320,
+                "justonce: consumer abandoned its deliveries",
+            )
+            .await;
         }
     }
 
@@ -254,7 +267,7 @@ impl AmqpSource {
             }
         }
         if let Some(old) = live.take() {
-            let _ = old.conn.close(200, "justonce: reconnecting".into()).await;
+            close_quietly(&old.conn, 200, "justonce: reconnecting").await;
         }
         let (conn, channel) = open(&inner.url, &inner.opts).await?;
         channel
@@ -339,6 +352,7 @@ impl AmqpSource {
     /// the oldest outstanding tags. Tags not outstanding (already acked, or from a channel
     /// that closed) are skipped: acking an unknown tag would close the channel.
     async fn ack_tags(&self, generation: u64, tags: &[u64]) -> Result<()> {
+        let _order = self.inner.settle_order.lock().await;
         let Some((channel, current)) = self.current().await else {
             return Ok(());
         };
@@ -477,6 +491,7 @@ impl Source for AmqpSource {
     async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
         let t = token(receipt)?;
         if delay.is_zero() {
+            let _order = self.inner.settle_order.lock().await;
             if let Some((channel, current)) = self.current().await {
                 let owned = self
                     .inner

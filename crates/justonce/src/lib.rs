@@ -44,7 +44,8 @@
 //!
 //! # Feature flags
 //!
-//! - `sqlite` (default): the embedded SQLite queue and dedup store, as [`sql`].
+//! - `sqlite` (default): the embedded SQLite queue and dedup store, as `justonce::sql`.
+//! - `amqp`: the RabbitMQ transport, as `justonce::amqp`.
 //!
 //! # Minimum supported Rust version
 //!
@@ -69,3 +70,7 @@ pub use shutdown::shutdown_signal;
 /// The SQL backends (SQLite queue and stores), from `justonce-sql`.
 #[cfg(feature = "sqlite")]
 pub use justonce_sql as sql;
+
+/// The RabbitMQ transport, from `justonce-amqp`.
+#[cfg(feature = "amqp")]
+pub use justonce_amqp as amqp;

@@ -1,5 +1,6 @@
 //! `justonce demo`: the order/payment pipeline under seeded faults, once per semantic.
 
+mod bus;
 mod plan;
 mod report;
 
@@ -10,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use justonce::sql::{SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStore};
-use justonce::{Consumer, ConsumerOptions, Publisher, Semantics};
+use justonce::sql::{SqliteClaimStore, SqliteStore};
+use justonce::{Consumer, ConsumerOptions, Semantics};
 
 use crate::orders::{self, Effects, PaymentApi, PaymentHandler, Strategy};
+use bus::Bus;
 pub(crate) use plan::IdStrategy;
 use plan::{Plan, PlanFaults};
 use report::{Report, Row};
@@ -66,13 +68,16 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.messages == 0 {
         bail!("--messages must be at least 1");
     }
-    for url in [&args.transport, &args.store].into_iter().flatten() {
+    let transport = match &args.transport {
+        Some(url) => Bus::scheme(url)?,
+        None => "sqlite",
+    };
+    if let Some(url) = &args.store {
         if !url.starts_with("sqlite:") {
             let scheme = url.split(':').next().unwrap_or_default();
             bail!(
-                "the {scheme} backend is not built yet: this version of justonce runs the demo on \
-                 the embedded SQLite default (sqlite:PATH); RabbitMQ, PostgreSQL, MariaDB, NATS and \
-                 Redis backends are on the roadmap in README.md"
+                "the {scheme} store is not built yet: use sqlite:PATH (the embedded default); \
+                 PostgreSQL and MariaDB stores are on the roadmap in README.md"
             );
         }
     }
@@ -84,7 +89,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut report = Report {
         messages: args.messages,
         seed: args.seed,
-        transport: "sqlite".into(),
+        transport: transport.into(),
         store: "sqlite".into(),
         strategy: args.strategy.as_str().into(),
         id_strategy: args.id_strategy.as_str().into(),
@@ -125,10 +130,10 @@ async fn run_one(
     dir: &std::path::Path,
     run_id: &str,
 ) -> anyhow::Result<Row> {
-    let queue_name = format!("demo-{}-{run_id}", semantics.as_str());
-    let mut qopts = SqliteQueueOptions::default();
-    qopts.lease = Duration::from_millis(args.lease_ms);
-    let queue = SqliteQueue::open_with(&target.transport, &queue_name, qopts).await?;
+    let queue_name = format!("justonce-demo-{}-{run_id}", semantics.as_str());
+    let lease = Duration::from_millis(args.lease_ms);
+    let prefetch = (args.batch_size * args.concurrency * 2).min(u16::MAX as usize) as u16;
+    let bus = Bus::open(&target.transport, &queue_name, lease, prefetch).await?;
     let store = SqliteStore::open(&target.store).await?;
     let order_ids: Vec<&str> = plan.orders.iter().map(|o| o.order_id.as_str()).collect();
     orders::setup(&store, true, &order_ids).await?;
@@ -140,7 +145,7 @@ async fn run_one(
 
     let guarded = semantics == Semantics::EffectivelyOnce;
     let handler = PaymentHandler::new(args.strategy, guarded, api.clone())?;
-    let faults = Arc::new(PlanFaults::new(plan.clone()));
+    let faults = Arc::new(PlanFaults::new(plan.clone(), bus.clone()));
     let mut opts = ConsumerOptions::new(format!("demo-{run_id}"));
     opts.semantics = semantics;
     opts.idempotency = args.strategy.idempotency();
@@ -151,8 +156,9 @@ async fn run_one(
     opts.seed = args.seed;
     opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
-    let mut consumer = Consumer::new(opts, queue.clone(), store.clone(), handler.clone())?
-        .with_fault_hook(faults.clone());
+    let mut consumer =
+        Consumer::with_shared(opts, bus.source(), Arc::new(store.clone()), handler.clone())?
+            .with_fault_hook(faults.clone());
     if args.strategy == Strategy::Claim {
         let claims = SqliteClaimStore::open(&sqlite_in("claims.db")).await?;
         consumer = consumer.with_claims(Arc::new(claims));
@@ -162,13 +168,19 @@ async fn run_one(
     let started = Instant::now();
     let published = Arc::new(AtomicU64::new(0));
     let publisher = tokio::spawn(publish_all(
-        queue.clone(),
+        bus.clone(),
         plan.clone(),
         args.id_strategy,
         published.clone(),
     ));
-    let drained = wait_drained(&queue, &publisher, &published, &bar);
+    let stalled = std::sync::Mutex::new(None);
+    let drained = wait_drained(&bus, &publisher, &published, &bar, &stalled);
     consumer.run_until(drained).await?;
+    let stalled = stalled.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(why) = stalled {
+        let _ = bus.cleanup().await;
+        bail!("the queue did not drain: {why}");
+    }
     let sent = publisher.await.context("publisher task failed")??;
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
@@ -184,22 +196,18 @@ async fn run_one(
         bail!("account balances do not add up to the ledger: a transaction was not atomic");
     }
     let (lost, duplicate_effects) = effects.check(plan.well_formed());
-    let stats = queue.stats().await?;
-    let dead_lettered: i64 = sqlx::query_scalar(
-        "SELECT COUNT(DISTINCT COALESCE(message_id, seq)) FROM jo_dead_letter WHERE queue = ?",
-    )
-    .bind(&queue_name)
-    .fetch_one(queue.pool())
-    .await?;
+    let deliveries = bus.deliveries().await?;
+    let dead_lettered = bus.dead_lettered().await?;
+    bus.cleanup().await?;
     Ok(Row {
         semantics: semantics.as_str().into(),
         sent,
-        deliveries: stats.deliveries,
+        deliveries,
         handler_runs: handler.runs(),
         effects: effects.total,
         lost,
         duplicate_effects,
-        dead_lettered: dead_lettered as u64,
+        dead_lettered,
         seconds,
         msgs_per_sec: sent as f64 / seconds.max(1e-9),
         faults_fired: faults.fired.snapshot(&plan.planned()),
@@ -211,7 +219,7 @@ async fn run_one(
 /// after their batch, as a publisher does when a confirm is lost. Returns how many distinct
 /// message ids it published.
 async fn publish_all(
-    queue: SqliteQueue,
+    bus: Bus,
     plan: Arc<Plan>,
     ids: IdStrategy,
     published: Arc<AtomicU64>,
@@ -219,15 +227,12 @@ async fn publish_all(
     let mut distinct = std::collections::HashSet::new();
     for chunk in plan.orders.chunks(250) {
         let first: Vec<_> = chunk.iter().map(|o| plan.message(o, ids)).collect();
-        queue.publish_batch(&first).await?;
         let again: Vec<_> = chunk
             .iter()
             .filter(|o| o.publish_twice)
             .map(|o| plan.message(o, ids))
             .collect();
-        if !again.is_empty() {
-            queue.publish_batch(&again).await?;
-        }
+        bus.publish(&first, &again).await?;
         distinct.extend(first.iter().chain(&again).filter_map(|m| m.id().cloned()));
         published.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         tokio::task::yield_now().await;
@@ -238,22 +243,40 @@ async fn publish_all(
 /// Resolves once the publisher is done and the queue holds nothing: every message was
 /// acked or dead-lettered. Read from the queue itself.
 async fn wait_drained(
-    queue: &SqliteQueue,
+    bus: &Bus,
     publisher: &tokio::task::JoinHandle<justonce::Result<u64>>,
     published: &AtomicU64,
     bar: &ProgressBar,
+    stalled: &std::sync::Mutex<Option<String>>,
 ) {
+    let mut quiet = 0;
+    let mut last = (u64::MAX, Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let Ok(stats) = queue.stats().await else {
-            continue;
+        let pending = match bus.pending().await {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the queue depth; retrying");
+                continue;
+            }
         };
-        bar.set_position(
-            published
-                .load(Ordering::Relaxed)
-                .saturating_sub(stats.pending),
-        );
-        if publisher.is_finished() && stats.pending == 0 {
+        bar.set_position(published.load(Ordering::Relaxed).saturating_sub(pending));
+        // Empty for a while, not for an instant: a broker requeues a closed channel's
+        // deliveries a moment after the close, and until then they are counted nowhere.
+        quiet = if publisher.is_finished() && pending == 0 {
+            quiet + 1
+        } else {
+            0
+        };
+        if quiet >= 10 {
+            return;
+        }
+        if pending != last.0 {
+            last = (pending, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(60) {
+            *stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+                "no progress for 60 s with {pending} messages pending"
+            ));
             return;
         }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use justonce::{async_trait, Delivery, FaultHook, FaultPoint, Message};
 use serde::Serialize;
 
+use super::bus::Bus;
 use crate::orders::{Payment, ACCOUNTS};
 
 /// Per-message fault rates.
@@ -204,6 +205,7 @@ fn poison_payload(p: &Payment, kind: usize, max_payload_bytes: usize) -> Vec<u8>
 #[derive(Debug)]
 pub(crate) struct PlanFaults {
     plan: Arc<Plan>,
+    bus: Bus,
     pub(crate) fired: Arc<FiredCounts>,
 }
 
@@ -230,9 +232,10 @@ impl FiredCounts {
 }
 
 impl PlanFaults {
-    pub(crate) fn new(plan: Arc<Plan>) -> Self {
+    pub(crate) fn new(plan: Arc<Plan>, bus: Bus) -> Self {
         PlanFaults {
             plan,
+            bus,
             fired: Arc::default(),
         }
     }
@@ -263,6 +266,7 @@ impl FaultHook for PlanFaults {
         let crash = batch.iter().any(|d| first_and_marked(d, set));
         if crash {
             counter.fetch_add(1, Ordering::Relaxed);
+            self.bus.crash().await;
         }
         crash
     }
@@ -271,6 +275,7 @@ impl FaultHook for PlanFaults {
         let lost = first_and_marked(d, &self.plan.ack_lost);
         if lost {
             self.fired.ack_lost.fetch_add(1, Ordering::Relaxed);
+            self.bus.lose_ack();
         }
         lost
     }

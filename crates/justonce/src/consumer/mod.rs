@@ -214,7 +214,11 @@ where
         if batch.is_empty() {
             return Ok(BatchReport::default());
         }
-        self.inner.process(batch).await
+        let result = self.inner.process(&batch).await;
+        if result.is_err() {
+            self.inner.give_back(&batch).await;
+        }
+        result
     }
 
     /// Runs `concurrency` batch loops until `shutdown` resolves, then stops receiving,
@@ -288,7 +292,13 @@ where
             };
             let result = match batch {
                 Ok(b) if b.is_empty() => continue,
-                Ok(b) => self.process(b).await.map(|_| ()),
+                Ok(b) => {
+                    let result = self.process(&b).await.map(|_| ());
+                    if result.is_err() {
+                        self.give_back(&b).await;
+                    }
+                    result
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -296,7 +306,7 @@ where
                 Err(e) if e.is_transient() => {
                     failures += 1;
                     let pause = self.backoff.delay(failures);
-                    warn!(worker, error = %e.to_chain_string(), ?pause, "batch failed; deliveries come back after their lease");
+                    warn!(worker, error = %e.to_chain_string(), ?pause, "batch failed and was handed back; retrying after a pause");
                     tokio::select! {
                         _ = stop.changed() => break,
                         _ = tokio::time::sleep(pause) => {}
@@ -550,7 +560,19 @@ where
         }
     }
 
-    async fn process(&self, batch: Vec<Delivery>) -> Result<BatchReport> {
+    /// After a failed batch (not a crash): hands its deliveries back at once, best effort.
+    /// Nothing is lost if this fails too: they come back when their lease runs out or their
+    /// channel closes. Receipts already settled are ignored by the transport.
+    async fn give_back(&self, batch: &[Delivery]) {
+        for d in batch {
+            if let Err(e) = self.source.nack(&d.receipt, Duration::ZERO).await {
+                debug!(error = %e.to_chain_string(), "could not hand a delivery back; its lease will");
+                break;
+            }
+        }
+    }
+
+    async fn process(&self, batch: &[Delivery]) -> Result<BatchReport> {
         let mut report = BatchReport {
             received: batch.len(),
             ..BatchReport::default()
@@ -574,13 +596,13 @@ where
                 .collect();
             self.source.ack(&receipts).await?;
             report.acked += receipts.len();
-            if self.crash_at(FaultPoint::AfterAck, &batch, &slots).await {
+            if self.crash_at(FaultPoint::AfterAck, batch, &slots).await {
                 report.crashed = true;
                 return Ok(report);
             }
         }
         if let Some(claims) = claims {
-            self.acquire_claims(claims, &batch, &mut slots).await?;
+            self.acquire_claims(claims, batch, &mut slots).await?;
         }
 
         let mut results = vec![None; batch.len()];
@@ -612,21 +634,21 @@ where
         }
 
         if self
-            .crash_at(FaultPoint::BeforeCommit, &batch, &slots)
+            .crash_at(FaultPoint::BeforeCommit, batch, &slots)
             .await
         {
             report.crashed = true;
             return Ok(report); // the transaction is dropped: rolled back
         }
         self.store.commit(tx).await?;
-        if self.crash_at(FaultPoint::AfterCommit, &batch, &slots).await {
+        if self.crash_at(FaultPoint::AfterCommit, batch, &slots).await {
             report.crashed = true;
             return Ok(report);
         }
         if let Some(claims) = claims {
             self.finish_claims(claims, &mut slots, &results).await;
         }
-        self.settle(&batch, slots, &mut report).await?;
+        self.settle(batch, slots, &mut report).await?;
         Ok(report)
     }
 

@@ -1,0 +1,160 @@
+//! The demo's transport: the embedded SQLite queue or RabbitMQ, with what the demo needs to
+//! count from each: pending messages, deliveries, dead letters, and how a crash looks.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce::amqp::{AmqpOptions, AmqpSource};
+use justonce::sql::{SqliteQueue, SqliteQueueOptions};
+use justonce::{Message, Publisher, Result, Source};
+
+#[derive(Debug, Clone)]
+pub(crate) enum Bus {
+    Sqlite(SqliteQueue),
+    Amqp(AmqpSource),
+}
+
+impl Bus {
+    /// The backend name of a transport URL, or an error naming what is supported.
+    pub(crate) fn scheme(url: &str) -> anyhow::Result<&'static str> {
+        if url.starts_with("sqlite:") {
+            Ok("sqlite")
+        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
+            Ok("amqp")
+        } else {
+            let scheme = url.split(':').next().unwrap_or_default();
+            anyhow::bail!(
+                "the {scheme} transport is not built yet: use sqlite:PATH (the embedded default) or \
+                 amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ); PostgreSQL, NATS and Redis transports \
+                 are on the roadmap in README.md"
+            )
+        }
+    }
+
+    pub(crate) async fn open(
+        url: &str,
+        queue: &str,
+        lease: Duration,
+        prefetch: u16,
+    ) -> Result<Self> {
+        if url.starts_with("sqlite:") {
+            let mut o = SqliteQueueOptions::default();
+            o.lease = lease;
+            Ok(Bus::Sqlite(SqliteQueue::open_with(url, queue, o).await?))
+        } else {
+            let mut o = AmqpOptions::new(queue);
+            o.prefetch = prefetch;
+            Ok(Bus::Amqp(AmqpSource::connect(url, o).await?))
+        }
+    }
+
+    pub(crate) fn source(&self) -> Arc<dyn Source> {
+        match self {
+            Bus::Sqlite(q) => Arc::new(q.clone()),
+            Bus::Amqp(q) => Arc::new(q.clone()),
+        }
+    }
+
+    /// Publishes `first`, and `again`: the same orders published a second time, as a
+    /// publisher does when it never saw the confirm of the first. On RabbitMQ the first
+    /// copy of each goes out with its confirm withheld, then the batch is published again
+    /// with confirms: a real duplicate on the broker.
+    pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
+        match self {
+            Bus::Sqlite(q) => {
+                q.publish_batch(first).await?;
+                if !again.is_empty() {
+                    q.publish_batch(again).await?;
+                }
+            }
+            Bus::Amqp(q) => {
+                for m in again {
+                    q.publish_without_confirm(m).await?;
+                }
+                q.publish_batch(first).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Messages not yet acked or dead-lettered, from the transport itself.
+    pub(crate) async fn pending(&self) -> Result<u64> {
+        match self {
+            Bus::Sqlite(q) => Ok(q.stats().await?.pending),
+            Bus::Amqp(q) => {
+                let mut n = q.in_flight() as u64;
+                let opts = q.options().clone();
+                for name in opts
+                    .queues()
+                    .into_iter()
+                    .filter(|n| *n != opts.dead_letter_queue())
+                {
+                    n += u64::from(q.ready(&name).await?);
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Deliveries the transport made: the SQLite queue's own counter table, or the frames
+    /// RabbitMQ sent (counted where they arrive).
+    pub(crate) async fn deliveries(&self) -> Result<u64> {
+        match self {
+            Bus::Sqlite(q) => Ok(q.stats().await?.deliveries),
+            Bus::Amqp(q) => Ok(q.delivery_counts().0),
+        }
+    }
+
+    /// Distinct messages in the dead-letter queue.
+    pub(crate) async fn dead_lettered(&self) -> Result<u64> {
+        let letters: Vec<Message> = match self {
+            Bus::Sqlite(q) => q
+                .dead_letters()
+                .await?
+                .into_iter()
+                .map(|d| d.message)
+                .collect(),
+            Bus::Amqp(q) => q.drain_dead_letters().await?,
+        };
+        let mut ids = HashSet::new();
+        let mut anonymous = 0;
+        for m in letters {
+            match m.id() {
+                Some(id) => {
+                    ids.insert(id.clone());
+                }
+                None => anonymous += 1,
+            }
+        }
+        Ok(ids.len() as u64 + anonymous)
+    }
+
+    /// A consumer crash as the transport sees it: on RabbitMQ the channel closes with its
+    /// deliveries unacked; the SQLite queue needs nothing (the leases run out).
+    pub(crate) async fn crash(&self) {
+        if let Bus::Amqp(q) = self {
+            q.abandon().await;
+        }
+    }
+
+    /// A lost ack as the transport sees it: on RabbitMQ the broker requeues the delivery when
+    /// the channel goes, shortly after.
+    pub(crate) fn lose_ack(&self) {
+        if let Bus::Amqp(q) = self {
+            let q = q.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                q.abandon().await;
+            });
+        }
+    }
+
+    /// Removes what the run declared on a shared broker.
+    pub(crate) async fn cleanup(&self) -> Result<()> {
+        match self {
+            Bus::Sqlite(_) => Ok(()),
+            Bus::Amqp(q) => q.delete_topology().await,
+        }
+    }
+}
