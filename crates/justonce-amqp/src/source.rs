@@ -301,7 +301,18 @@ impl AmqpSource {
                         }
                     }
                     Err(e) => {
-                        warn!(error = %e, "RabbitMQ consumer stopped; reconnecting on the next receive");
+                        let text = e.to_string();
+                        if text.contains("acknowledgement") && text.contains("timed out") {
+                            tracing::error!(
+                                error = %text,
+                                "a batch took longer than the broker's consumer_timeout to be acked: \
+                                 RabbitMQ closed the channel and will redeliver its deliveries (dedup \
+                                 absorbs them). Make batches smaller or handlers faster, or raise \
+                                 consumer_timeout in rabbitmq.conf"
+                            );
+                        } else {
+                            warn!(error = %text, "RabbitMQ consumer stopped; reconnecting on the next receive");
+                        }
                         break;
                     }
                 }

@@ -1,5 +1,6 @@
 //! The `justonce` command. Thin over the libraries: argument parsing, output, exit codes.
 
+mod bus;
 mod demo;
 mod orders;
 mod worker;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use justonce::sql::{SqliteQueue, SqliteQueueOptions, SqliteStore};
+use justonce::sql::SqliteStore;
 use justonce::{
     async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Semantics,
 };
@@ -21,7 +21,7 @@ use crate::orders::{self, PaymentHandler};
 /// Arguments of `justonce worker`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct WorkerArgs {
-    /// Transport URL (sqlite:PATH).
+    /// Transport URL (sqlite:PATH or amqp://…).
     #[arg(long, value_name = "URL")]
     transport: String,
     /// Store URL (sqlite:PATH).
@@ -48,16 +48,22 @@ pub(crate) struct WorkerArgs {
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let mut qopts = SqliteQueueOptions::default();
-    qopts.lease = Duration::from_millis(args.lease_ms);
-    let queue = SqliteQueue::open_with(&args.transport, &args.queue, qopts).await?;
+    crate::bus::Bus::scheme(&args.transport)?;
+    let lease = Duration::from_millis(args.lease_ms);
+    let prefetch = (args.batch_size * 2).min(usize::from(u16::MAX)) as u16;
+    let queue = crate::bus::Bus::open(&args.transport, &args.queue, lease, prefetch).await?;
     let store = SqliteStore::open(&args.store).await?;
     orders::setup(&store, false, &[]).await?;
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
     opts.batch_size = args.batch_size;
     opts.receive_wait = Duration::from_millis(100);
-    let mut consumer = Consumer::new(opts, queue.clone(), store, PaymentHandler::default())?;
+    let mut consumer = Consumer::with_shared(
+        opts,
+        queue.source(),
+        Arc::new(store),
+        PaymentHandler::default(),
+    )?;
     if let Some(hook) = PauseHook::from_env()? {
         consumer = consumer.with_fault_hook(Arc::new(hook));
     }
@@ -67,11 +73,16 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             if !args.exit_when_drained {
                 return std::future::pending().await;
             }
-            loop {
+            // Empty for half a second: a broker requeues a dead consumer's deliveries a
+            // moment after its connection drops.
+            let mut quiet = 0;
+            while quiet < 5 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                if queue.stats().await.is_ok_and(|s| s.pending == 0) {
-                    return;
-                }
+                quiet = if queue.pending().await.is_ok_and(|n| n == 0) {
+                    quiet + 1
+                } else {
+                    0
+                };
             }
         }
     };

@@ -60,8 +60,8 @@ pub use consumer::{
     Handler, Idempotency,
 };
 pub use justonce_core::{
-    canonical_json, memory, redact_url, validate_identifier, Cas, Claim, ClaimState, ClaimStore,
-    DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
+    canonical_json, conformance, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,
+    ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
     ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher, Receipt,
     Result, Semantics, Source, StateMachine, Store, Transition,
 };

@@ -1,6 +1,5 @@
 //! `justonce demo`: the order/payment pipeline under seeded faults, once per semantic.
 
-mod bus;
 mod plan;
 mod report;
 
@@ -14,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use justonce::sql::{SqliteClaimStore, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Semantics};
 
+use crate::bus::Bus;
 use crate::orders::{self, Effects, PaymentApi, PaymentHandler, Strategy};
-use bus::Bus;
 pub(crate) use plan::IdStrategy;
 use plan::{Plan, PlanFaults};
 use report::{Report, Row};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use justonce::{async_trait, Delivery, FaultHook, FaultPoint, Message};
 use serde::Serialize;
 
-use super::bus::Bus;
+use crate::bus::Bus;
 use crate::orders::{Payment, ACCOUNTS};
 
 /// Per-message fault rates.

@@ -156,19 +156,47 @@ fn fresh_uuids_per_publish_attempt_defeat_dedup() {
 
 #[test]
 fn a_backend_that_is_not_built_is_a_clear_error() {
+    let out = demo(&["--transport", "nats://127.0.0.1:4222", "--messages", "10"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the nats transport is not built yet"), "{err}");
     let out = demo(&[
-        "--transport",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        "--store",
+        "postgres://app:s3cret@127.0.0.1/test",
         "--messages",
         "10",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("the amqp backend is not built yet"), "{err}");
+    assert!(err.contains("the postgres store is not built yet"), "{err}");
     assert!(
-        !err.contains("guest:guest"),
+        !err.contains("s3cret"),
         "credentials are never printed: {err}"
     );
+}
+
+#[test]
+fn the_demo_on_rabbitmq_applies_every_order_once_under_real_broker_faults() {
+    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let url = std::env::var("JUSTONCE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let r = json_demo(&["--transport", &url, "--messages", "3000", "--seed", "1"]);
+    assert_eq!(r["transport"], "amqp");
+    let poison = n(&r["faults"], "poison");
+    let eo = row(&r, "effectively-once");
+    assert_eq!(n(eo, "lost"), 0, "{eo}");
+    assert_eq!(n(eo, "duplicate_effects"), 0, "{eo}");
+    assert!(
+        n(eo, "deliveries") > n(eo, "sent"),
+        "channel closes caused redeliveries: {eo}"
+    );
+    assert_eq!(n(eo, "dead_lettered"), poison, "{eo}");
+    let alo = row(&r, "at-least-once");
+    assert_eq!(n(alo, "lost"), 0, "{alo}");
+    assert!(n(alo, "duplicate_effects") > 0, "{alo}");
+    assert!(n(row(&r, "at-most-once"), "lost") > 0);
 }
 
 #[test]

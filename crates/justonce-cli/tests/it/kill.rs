@@ -1,20 +1,25 @@
-//! A consumer as a separate OS process on a SQLite queue, SIGKILLed mid-run (between
-//! commit and ack, before commit, and at a random moment), restarted, and checked from
-//! the business data.
+//! A consumer as a separate OS process, SIGKILLed mid-run (between commit and ack, before
+//! commit, and at a random moment), restarted, and checked from the business data: on the
+//! embedded SQLite queue and on RabbitMQ.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use justonce::amqp::{AmqpOptions, AmqpPublisher, AmqpSource};
 use justonce::sql::{SqliteQueue, SqliteStore};
 use justonce::{Message, Publisher};
 use sqlx::Row;
 
 const ORDERS: usize = 600;
+const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 struct Setup {
     _dir: tempfile::TempDir,
+    /// The transport URL.
+    transport: String,
+    /// The queue's name on it.
     queue: String,
     store: String,
 }
@@ -24,13 +29,20 @@ fn worker(s: &Setup, semantics: &str, pause: Option<&str>, exit_when_drained: bo
     cmd.args([
         "worker",
         "--transport",
+        &s.transport,
+        "--queue",
         &s.queue,
         "--store",
         &s.store,
+    ])
+    .args([
         "--semantics",
         semantics,
+        "--batch-size",
+        "50",
+        "--lease-ms",
+        "400",
     ])
-    .args(["--batch-size", "50", "--lease-ms", "400"])
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     if exit_when_drained {
@@ -62,33 +74,62 @@ fn kill_at_fault_point(mut child: Child, point: &str) {
     seen.unwrap_or_else(|_| panic!("the worker never reached {point}"));
 }
 
-async fn setup() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let queue = format!("sqlite:{}", dir.path().join("queue.db").display());
-    let store = format!("sqlite:{}", dir.path().join("store.db").display());
-    let q = SqliteQueue::open(&queue, "orders").await.unwrap();
-    let msgs: Vec<Message> = (0..ORDERS)
+fn orders() -> Vec<Message> {
+    (0..ORDERS)
         .map(|i| {
             let id = format!("ord-{i:05}");
-            Message::new(format!(
+            let body = format!(
                 r#"{{"order_id":"{id}","account":{},"amount":{}}}"#,
                 i % 100 + 1,
                 i + 1
-            ))
-            .with_id(id)
-            .unwrap()
+            );
+            Message::new(body).with_id(id).unwrap()
         })
-        .collect();
-    q.publish_batch(&msgs).await.unwrap();
-    Setup {
-        _dir: dir,
-        queue,
-        store,
+        .collect()
+}
+
+async fn setup(amqp: bool) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("store.db").display());
+    if amqp {
+        let queue = format!("jo-kill-{}-{:08x}", std::process::id(), fastrand::u32(..));
+        let p = AmqpPublisher::connect(AMQP, AmqpOptions::new(queue.clone()))
+            .await
+            .unwrap();
+        p.publish_batch(&orders()).await.unwrap();
+        Setup {
+            _dir: dir,
+            transport: AMQP.to_owned(),
+            queue,
+            store,
+        }
+    } else {
+        let transport = format!("sqlite:{}", dir.path().join("queue.db").display());
+        let q = SqliteQueue::open(&transport, "orders").await.unwrap();
+        q.publish_batch(&orders()).await.unwrap();
+        Setup {
+            _dir: dir,
+            transport,
+            queue: "orders".to_owned(),
+            store,
+        }
     }
 }
 
-/// Ledger rows per order, whether balances match the ledger, and the queue's counts.
-async fn check(s: &Setup) -> (Vec<i64>, bool, u64, u64) {
+/// What the data says after a run.
+struct Outcome {
+    /// Ledger rows per order, in order.
+    counts: Vec<i64>,
+    /// Whether account balances add up to the ledger.
+    consistent: bool,
+    /// Messages still on the transport.
+    pending: u64,
+    /// Redeliveries, where the transport records them (the SQLite queue does; RabbitMQ's
+    /// count lived in the worker processes that are gone).
+    redeliveries: Option<u64>,
+}
+
+async fn check(s: &Setup) -> Outcome {
     let store = SqliteStore::open(&s.store).await.unwrap();
     let counts: Vec<i64> = sqlx::query(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ? - 1)
@@ -107,21 +148,39 @@ async fn check(s: &Setup) -> (Vec<i64>, bool, u64, u64) {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    let stats = SqliteQueue::open(&s.queue, "orders")
+    if s.transport.starts_with("amqp") {
+        let q = AmqpSource::connect(&s.transport, AmqpOptions::new(s.queue.clone()))
+            .await
+            .unwrap();
+        let pending = u64::from(q.ready(&s.queue).await.unwrap()) + q.in_flight() as u64;
+        q.delete_topology().await.unwrap();
+        return Outcome {
+            counts,
+            consistent,
+            pending,
+            redeliveries: None,
+        };
+    }
+    let stats = SqliteQueue::open(&s.transport, &s.queue)
         .await
         .unwrap()
         .stats()
         .await
         .unwrap();
-    (counts, consistent, stats.pending, stats.redeliveries)
+    Outcome {
+        counts,
+        consistent,
+        pending: stats.pending,
+        redeliveries: Some(stats.redeliveries),
+    }
 }
 
-fn run_with_kills(semantics: &str) -> (Vec<i64>, bool, u64, u64) {
+fn run_with_kills(semantics: &str, amqp: bool) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let s = rt.block_on(setup());
+    let s = rt.block_on(setup(amqp));
     // Three kills between commit and ack, one before commit, one at a random moment.
     for point in [
         "after-commit",
@@ -154,16 +213,11 @@ fn run_with_kills(semantics: &str) -> (Vec<i64>, bool, u64, u64) {
     rt.block_on(check(&s))
 }
 
-#[test]
-fn sigkilled_consumer_applies_every_message_exactly_once_under_effectively_once() {
-    let (counts, consistent, pending, redeliveries) = run_with_kills("effectively-once");
-    assert_eq!(pending, 0);
-    assert!(
-        redeliveries >= 50,
-        "the kills after commit caused redeliveries ({redeliveries})"
-    );
-    assert!(consistent, "balances add up to the ledger");
-    let wrong: Vec<(usize, i64)> = counts
+fn assert_exactly_once(o: &Outcome) {
+    assert_eq!(o.pending, 0, "the transport holds nothing");
+    assert!(o.consistent, "balances add up to the ledger");
+    let wrong: Vec<(usize, i64)> = o
+        .counts
         .iter()
         .copied()
         .enumerate()
@@ -175,20 +229,50 @@ fn sigkilled_consumer_applies_every_message_exactly_once_under_effectively_once(
     );
 }
 
-#[test]
-fn the_same_kills_duplicate_effects_under_at_least_once() {
-    let (counts, consistent, pending, _) = run_with_kills("at-least-once");
-    assert_eq!(pending, 0);
-    assert!(consistent);
+fn assert_duplicated(o: &Outcome) {
+    assert_eq!(o.pending, 0);
+    assert!(o.consistent);
     assert!(
-        counts.iter().all(|c| *c >= 1),
+        o.counts.iter().all(|c| *c >= 1),
         "at-least-once loses nothing"
     );
-    let duplicated = counts.iter().filter(|c| **c > 1).count();
+    let duplicated = o.counts.iter().filter(|c| **c > 1).count();
     assert!(
         duplicated >= 50,
         "kills between commit and ack duplicate effects ({duplicated})"
     );
+}
+
+#[test]
+fn sigkilled_consumer_applies_every_message_exactly_once_under_effectively_once() {
+    let o = run_with_kills("effectively-once", false);
+    let redeliveries = o.redeliveries.unwrap();
+    assert!(
+        redeliveries >= 50,
+        "the kills after commit caused redeliveries ({redeliveries})"
+    );
+    assert_exactly_once(&o);
+}
+
+#[test]
+fn the_same_kills_duplicate_effects_under_at_least_once() {
+    assert_duplicated(&run_with_kills("at-least-once", false));
+}
+
+#[test]
+fn sigkilled_consumer_on_rabbitmq_applies_every_message_exactly_once() {
+    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    assert_exactly_once(&run_with_kills("effectively-once", true));
+}
+
+#[test]
+fn the_same_kills_on_rabbitmq_duplicate_effects_under_at_least_once() {
+    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    assert_duplicated(&run_with_kills("at-least-once", true));
 }
 
 #[test]
@@ -197,7 +281,7 @@ fn sigterm_mid_batch_finishes_commits_acks_and_exits_zero() {
         .enable_all()
         .build()
         .unwrap();
-    let s = rt.block_on(setup());
+    let s = rt.block_on(setup(false));
     let mut child = worker(&s, "effectively-once", Some("before-commit:1000"), false);
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
@@ -227,18 +311,18 @@ fn sigterm_mid_batch_finishes_commits_acks_and_exits_zero() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
-    let (counts, consistent, pending, redeliveries) = rt.block_on(check(&s));
-    assert!(consistent);
+    let o = rt.block_on(check(&s));
+    assert!(o.consistent);
     assert_eq!(
-        counts.iter().filter(|c| **c == 1).count(),
+        o.counts.iter().filter(|c| **c == 1).count(),
         50,
         "the batch in flight committed"
     );
-    assert!(counts.iter().all(|c| *c <= 1));
+    assert!(o.counts.iter().all(|c| *c <= 1));
     assert_eq!(
-        pending,
+        o.pending,
         ORDERS as u64 - 50,
         "and was acked; nothing else was received"
     );
-    assert_eq!(redeliveries, 0);
+    assert_eq!(o.redeliveries, Some(0));
 }

@@ -633,10 +633,7 @@ where
             };
         }
 
-        if self
-            .crash_at(FaultPoint::BeforeCommit, batch, &slots)
-            .await
-        {
+        if self.crash_at(FaultPoint::BeforeCommit, batch, &slots).await {
             report.crashed = true;
             return Ok(report); // the transaction is dropped: rolled back
         }

@@ -1,0 +1,297 @@
+//! The runtime on the real RabbitMQ: channel closes, retries through the delay tiers, dead
+//! letters, and a broker restart in the middle of a run. One test at a time (one of them
+//! restarts the broker), each in its own queues.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce::sql::{SqliteStore, SqliteTx};
+use justonce::{
+    async_trait, conformance, Consumer, ConsumerOptions, Context, DeadLetterReason, Delivery,
+    Disposition, FaultHook, FaultPoint, Handler, Message, Publisher, Result, Source,
+};
+use justonce_amqp::{AmqpOptions, AmqpSource};
+use tokio::sync::Mutex;
+
+static BROKER: Mutex<()> = Mutex::const_new(());
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    url: String,
+    opts: AmqpOptions,
+    store: SqliteStore,
+}
+
+async fn fixture(test: &str) -> Option<Fixture> {
+    if !conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+        return None;
+    }
+    let url = std::env::var("JUSTONCE_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite:{}", dir.path().join("s.db").display()))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE ledger (order_id TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut opts = AmqpOptions::new(format!("jo-rt-{test}-{}", std::process::id()));
+    opts.retry_delays = vec![Duration::from_millis(200)];
+    Some(Fixture {
+        _dir: dir,
+        url,
+        opts,
+        store,
+    })
+}
+
+/// Writes one ledger row per message; or asks for a retry every time.
+struct Ledger {
+    retry: bool,
+    runs: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Handler<SqliteTx> for Ledger {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        if self.retry {
+            return Ok(Disposition::retry("payment provider unavailable"));
+        }
+        sqlx::query("INSERT INTO ledger (order_id) VALUES (?)")
+            .bind(cx.message().id().unwrap().as_str())
+            .execute(&mut **tx)
+            .await?;
+        Ok(Disposition::Ok)
+    }
+}
+
+fn options() -> ConsumerOptions {
+    let mut o = ConsumerOptions::new("ledger");
+    o.batch_size = 50;
+    o.receive_wait = Duration::from_millis(100);
+    o.backoff_base = Duration::from_millis(50);
+    o.backoff_max = Duration::from_millis(100);
+    o
+}
+
+/// Resolves once nothing is ready, waiting in a tier, or in flight, for half a second.
+async fn drained(source: AmqpSource) {
+    let mut quiet = 0;
+    while quiet < 10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut pending = source.in_flight() as u64;
+        let opts = source.options().clone();
+        for q in opts
+            .queues()
+            .into_iter()
+            .filter(|q| *q != opts.dead_letter_queue())
+        {
+            pending += u64::from(source.ready(&q).await.unwrap_or(1));
+        }
+        quiet = if pending == 0 { quiet + 1 } else { 0 };
+    }
+}
+
+/// Every order applied exactly once, read from the ledger.
+async fn assert_exactly_once(store: &SqliteStore, orders: usize) {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT order_id, COUNT(*) FROM ledger GROUP BY order_id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let wrong: Vec<_> = rows.iter().filter(|(_, n)| *n != 1).collect();
+    assert!(wrong.is_empty(), "applied more than once: {wrong:?}");
+    assert_eq!(rows.len(), orders, "every order applied");
+}
+
+fn orders(range: std::ops::Range<usize>) -> Vec<Message> {
+    range
+        .map(|i| Message::new("{}").with_id(format!("o-{i:05}")).unwrap())
+        .collect()
+}
+
+/// Crashes (closes the channel) after committing the first batch it sees.
+struct CloseAfterCommit {
+    source: AmqpSource,
+    fired: AtomicU64,
+}
+
+#[async_trait]
+impl FaultHook for CloseAfterCommit {
+    async fn crash_at(&self, point: FaultPoint, _batch: &[&Delivery]) -> bool {
+        if point == FaultPoint::AfterCommit && self.fired.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.source.abandon().await;
+            return true;
+        }
+        false
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_closed_between_commit_and_ack_is_redelivered_and_deduplicated() {
+    let _broker = BROKER.lock().await;
+    let Some(f) = fixture("close").await else {
+        return;
+    };
+    let source = AmqpSource::connect(&f.url, f.opts.clone()).await.unwrap();
+    source.publish_batch(&orders(0..300)).await.unwrap();
+    let hook = Arc::new(CloseAfterCommit {
+        source: source.clone(),
+        fired: AtomicU64::new(0),
+    });
+    let handler = Ledger {
+        retry: false,
+        runs: Arc::default(),
+    };
+    let consumer = Consumer::new(options(), source.clone(), f.store.clone(), handler)
+        .unwrap()
+        .with_fault_hook(hook);
+    consumer.run_until(drained(source.clone())).await.unwrap();
+    let (_, redelivered) = source.delivery_counts();
+    assert!(
+        redelivered >= 50,
+        "the closed channel's deliveries came back ({redelivered})"
+    );
+    assert_exactly_once(&f.store, 300).await;
+    source.delete_topology().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_go_through_the_delay_tier_then_dead_letter_with_reason_headers() {
+    let _broker = BROKER.lock().await;
+    let Some(f) = fixture("retry").await else {
+        return;
+    };
+    let source = AmqpSource::connect(&f.url, f.opts.clone()).await.unwrap();
+    source
+        .publish(&Message::new("{}").with_id("r-1").unwrap())
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU64::new(0));
+    let mut o = options();
+    o.max_attempts = 3;
+    let consumer = Consumer::new(
+        o,
+        source.clone(),
+        f.store.clone(),
+        Ledger {
+            retry: true,
+            runs: runs.clone(),
+        },
+    )
+    .unwrap();
+    consumer.run_until(drained(source.clone())).await.unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "one handler run per attempt"
+    );
+    let letters = source.drain_dead_letters().await.unwrap();
+    assert_eq!(letters.len(), 1);
+    let reason = DeadLetterReason::from_headers(letters[0].headers()).expect("reason headers");
+    assert_eq!(reason.attempts, 3);
+    assert!(
+        reason.error.contains("gave up after 3 attempts"),
+        "{}",
+        reason.error
+    );
+    assert!(
+        reason.error.contains("payment provider unavailable"),
+        "{}",
+        reason.error
+    );
+    assert_eq!(reason.source_queue, source.queue());
+    assert_eq!(reason.consumer, "ledger");
+    source.delete_topology().await.unwrap();
+}
+
+/// Runs `rabbitmqctl` and checks it succeeded.
+fn rabbitmqctl(arg: &str) {
+    let out = Command::new("rabbitmqctl")
+        .arg(arg)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {arg}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the broker's app again however the test ends.
+struct StartAppOnDrop;
+
+impl Drop for StartAppOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl").arg("start_app").output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_run_loses_nothing_and_duplicates_nothing() {
+    let _broker = BROKER.lock().await;
+    let Some(f) = fixture("restart").await else {
+        return;
+    };
+    let mut opts = f.opts.clone();
+    opts.publish_retries = 8; // enough backoff to span the restart
+    let source = AmqpSource::connect(&f.url, opts).await.unwrap();
+    source.publish_batch(&orders(0..1000)).await.unwrap();
+    let handler = Ledger {
+        retry: false,
+        runs: Arc::default(),
+    };
+    let consumer =
+        Arc::new(Consumer::new(options(), source.clone(), f.store.clone(), handler).unwrap());
+
+    // The consumer stops once the publisher is done and the queues are empty.
+    let (published_tx, published_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = {
+        let (consumer, source) = (consumer.clone(), source.clone());
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = published_rx.await;
+                drained(source).await
+            };
+            consumer.run_until(stop).await
+        })
+    };
+    // Restart once part of the work is done, publishing the rest across the restart.
+    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM ledger")
+        .fetch_one(f.store.pool())
+        .await
+        .unwrap()
+        < 200
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let guard = StartAppOnDrop;
+    tokio::task::spawn_blocking(|| rabbitmqctl("stop_app"))
+        .await
+        .unwrap();
+    let publisher = {
+        let source = source.clone();
+        tokio::spawn(async move { source.publish_batch(&orders(1000..1500)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::spawn_blocking(|| rabbitmqctl("start_app"))
+        .await
+        .unwrap();
+    drop(guard);
+    publisher
+        .await
+        .unwrap()
+        .expect("the publish survives the restart by re-sending");
+    let _ = published_tx.send(());
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("drains after the restart")
+        .unwrap()
+        .unwrap();
+    assert_exactly_once(&f.store, 1500).await;
+    source.delete_topology().await.unwrap();
+}
