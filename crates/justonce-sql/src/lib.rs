@@ -22,8 +22,17 @@
 //!
 //! 1.85.
 
+mod claim_logic;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlClaimStore, MySqlStore, MySqlStoreOptions, MySqlTx};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgClaimStore, PgStore, PgStoreOptions, PgTx};
 pub use sqlite::{
     DeadLetter, QueueStats, SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard,
     SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,

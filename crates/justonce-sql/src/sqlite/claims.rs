@@ -7,6 +7,7 @@ use justonce_core::{
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use super::{connect, NOW_MS};
+use crate::claim_logic::{decide, fenced, ClaimRow, Decision};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_claims (
@@ -53,18 +54,6 @@ impl SqliteClaimStore {
     }
 }
 
-fn fenced(key: DedupKey<'_>, token: u64, current: Option<i64>) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "claim on {} for consumer {} is fenced: token {token} no longer holds it (current token {})",
-            key.message_id,
-            key.consumer,
-            current.map_or_else(|| "none".to_owned(), |t| t.to_string())
-        ),
-    )
-}
-
 async fn acquire_in(
     conn: &mut SqliteConnection,
     key: DedupKey<'_>,
@@ -95,37 +84,32 @@ async fn acquire_in(
             .await?;
         return Ok(ClaimState::Acquired { token: 1 });
     };
-    let stored_hex: &str = r.get("fingerprint");
-    let stored =
-        Fingerprint::from_hex(stored_hex).unwrap_or_else(|| Fingerprint::of(stored_hex.as_bytes()));
-    let token: i64 = r.get("token");
-    let remaining: Option<i64> = r.get("remaining");
-    Ok(match r.get::<&str, _>("state") {
-        "completed" if stored == fp => ClaimState::Completed {
-            result: r.get("result"),
-        },
-        "completed" => ClaimState::Conflict { stored },
-        "in_progress" if remaining.unwrap_or(0) > 0 => ClaimState::InProgress {
-            retry_after: Duration::from_millis(remaining.unwrap_or(0) as u64),
-        },
-        _ => {
+    let row = ClaimRow {
+        fingerprint: r.get("fingerprint"),
+        state: r.get("state"),
+        token: r.get("token"),
+        remaining_ms: r.get("remaining"),
+        result: r.get("result"),
+    };
+    match decide(row, fp) {
+        Decision::Answer(state) => Ok(state),
+        Decision::TakeOver { token } => {
             let takeover = format!(
-                "UPDATE jo_claims SET state = 'in_progress', token = token + 1,
-                     fingerprint = ?, lease_until = {NOW_MS} + ?
+                "UPDATE jo_claims SET state = 'in_progress', token = ?, fingerprint = ?,
+                     lease_until = {NOW_MS} + ?
                  WHERE consumer = ? AND message_id = ?"
             );
             sqlx::query(&takeover)
+                .bind(token as i64)
                 .bind(fp.to_hex())
                 .bind(lease_ms)
                 .bind(key.consumer)
                 .bind(key.message_id.as_str())
                 .execute(&mut *conn)
                 .await?;
-            ClaimState::Acquired {
-                token: token as u64 + 1,
-            }
+            Ok(ClaimState::Acquired { token })
         }
-    })
+    }
 }
 
 /// Completes or releases one claim. The outer `Result` is the database's; the inner one

@@ -1,0 +1,53 @@
+//! PostgreSQL: the dedup and claim stores, in your business database.
+
+mod claims;
+mod store;
+
+use std::time::Duration;
+
+use justonce_core::{redact_url, Error, ErrorKind, Result};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+pub use claims::PgClaimStore;
+pub use store::{PgStore, PgStoreOptions, PgTx};
+
+/// Serialises schema creation: concurrent `CREATE TABLE IF NOT EXISTS` of one table can
+/// fail in PostgreSQL with a unique violation on its catalog.
+const SCHEMA_LOCK: i64 = 0x6a75_7374_6f6e_6365; // "justonce"
+
+/// Opens a pool on a `postgres://` URL.
+pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(Error::config(format!(
+            "`{}` is not a PostgreSQL URL: use postgres://USER@HOST:PORT/DATABASE",
+            redact_url(url)
+        )));
+    }
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Connect,
+                format!("cannot connect to PostgreSQL at {}", redact_url(url)),
+                e,
+            )
+        })
+}
+
+/// Runs DDL statements under the schema lock.
+pub(crate) async fn create(pool: &PgPool, statements: &[String]) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(SCHEMA_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    for s in statements {
+        sqlx::query(s).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,62 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce_core::{conformance, ErrorKind};
+use justonce_sql::{MySqlClaimStore, MySqlStore, MySqlStoreOptions};
+
+use crate::unique;
+
+fn url() -> Option<String> {
+    conformance::service_available("MariaDB", "127.0.0.1:3306").then(|| {
+        std::env::var("JUSTONCE_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_store_keeps_the_dedup_contract() {
+    let Some(url) = url() else { return };
+    let mut opts = MySqlStoreOptions::default();
+    opts.dedup_table = unique("jo_dedup_t");
+    let table = opts.dedup_table.clone();
+    let store = MySqlStore::open_with(&url, opts).await.unwrap();
+    conformance::dedup_store(Arc::new(store.clone()), "maria").await;
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_claims_keep_the_claim_contract() {
+    let Some(url) = url() else { return };
+    let table = unique("jo_claims_t");
+    let claims = MySqlClaimStore::open(&url, &table).await.unwrap();
+    conformance::claim_store(Arc::new(claims), Duration::from_millis(200), "maria").await;
+    let store = MySqlStore::open(&url).await.unwrap();
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_mariadb_url_says_what_to_do_without_the_password() {
+    let e = MySqlStore::open("postgres://postgres@127.0.0.1/test")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    let e = MySqlStore::open("mysql://app:s3cret@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connect);
+    assert!(
+        e.to_string().contains("mysql://app:***@127.0.0.1:1/test"),
+        "{e}"
+    );
+    assert!(
+        !e.to_chain_string().contains("s3cret"),
+        "{}",
+        e.to_chain_string()
+    );
+}
