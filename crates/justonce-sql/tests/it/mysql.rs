@@ -60,3 +60,26 @@ async fn a_wrong_mariadb_url_says_what_to_do_without_the_password() {
         e.to_chain_string()
     );
 }
+
+#[tokio::test]
+async fn unique_violations_are_classified_on_mariadb() {
+    let Some(url) = url() else { return };
+    let store = MySqlStore::open(&url).await.unwrap();
+    let t = unique("jo_uniq");
+    sqlx::query(&format!("CREATE TABLE {t} (id VARCHAR(10) PRIMARY KEY)"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {t} VALUES ('a')");
+    sqlx::query(&insert).execute(store.pool()).await.unwrap();
+    let e: justonce_core::Error = sqlx::query(&insert)
+        .execute(store.pool())
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(e.kind(), ErrorKind::UniqueViolation);
+    sqlx::query(&format!("DROP TABLE {t}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
