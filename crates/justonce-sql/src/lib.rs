@@ -23,6 +23,7 @@
 //! 1.85.
 
 mod claim_logic;
+mod common;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

@@ -1,11 +1,10 @@
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use justonce_core::{validate_identifier, Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
+use justonce_core::{validate_identifier, Result};
 use sqlx::{MySql, MySqlPool};
 
 use super::connect;
+use crate::common::{impl_dedup_store, DedupSql};
 
 /// The transaction a handler on a [`MySqlStore`] receives: write through `&mut **tx`.
 pub type MySqlTx = sqlx::Transaction<'static, MySql>;
@@ -29,13 +28,6 @@ impl Default for MySqlStoreOptions {
     }
 }
 
-#[derive(Debug)]
-struct Sql {
-    claim: String,
-    fingerprint: String,
-    purge: String,
-}
-
 /// The dedup store on MariaDB (or MySQL), InnoDB, in the same database as your business
 /// tables.
 ///
@@ -54,7 +46,7 @@ struct Sql {
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
-    sql: Arc<Sql>,
+    sql: Arc<DedupSql>,
 }
 
 impl MySqlStore {
@@ -80,7 +72,7 @@ impl MySqlStore {
         ))
         .execute(&pool)
         .await?;
-        let sql = Sql {
+        let sql = DedupSql {
             claim: format!(
                 "INSERT IGNORE INTO {t} (consumer, message_id, fingerprint, processed_at)
                  VALUES (?, ?, ?, NOW(6))"
@@ -88,7 +80,9 @@ impl MySqlStore {
             fingerprint: format!(
                 "SELECT fingerprint FROM {t} WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE"
             ),
-            purge: format!("DELETE FROM {t} WHERE processed_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?"),
+            purge: format!(
+                "DELETE FROM {t} WHERE processed_at < NOW(6) - INTERVAL (? * 1000) MICROSECOND LIMIT ?"
+            ),
         };
         Ok(MySqlStore {
             pool,
@@ -102,84 +96,4 @@ impl MySqlStore {
     }
 }
 
-#[async_trait]
-impl Store for MySqlStore {
-    type Tx = MySqlTx;
-
-    fn backend(&self) -> &'static str {
-        "mysql"
-    }
-
-    async fn begin(&self) -> Result<MySqlTx> {
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn commit(&self, tx: MySqlTx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn rollback(&self, tx: MySqlTx) -> Result<()> {
-        Ok(tx.rollback().await?)
-    }
-
-    async fn savepoint(&self, tx: &mut MySqlTx) -> Result<()> {
-        sqlx::query("SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn release_savepoint(&self, tx: &mut MySqlTx) -> Result<()> {
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(&self, tx: &mut MySqlTx) -> Result<()> {
-        sqlx::query("ROLLBACK TO SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl DedupStore for MySqlStore {
-    async fn claim(&self, tx: &mut MySqlTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
-        let inserted = sqlx::query(&self.sql.claim)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .bind(fp.to_hex())
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if inserted == 1 {
-            return Ok(Claim::Fresh);
-        }
-        let stored: String = sqlx::query_scalar(&self.sql.fingerprint)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .fetch_one(&mut **tx)
-            .await?;
-        Ok(match Fingerprint::from_hex(&stored) {
-            Some(s) if s == fp => Claim::Duplicate,
-            Some(s) => Claim::Conflict { stored: s },
-            None => Claim::Conflict {
-                stored: Fingerprint::of(stored.as_bytes()),
-            },
-        })
-    }
-
-    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.purge)
-            .bind(retention.as_micros() as i64)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-}
+impl_dedup_store!(MySqlStore, MySqlTx, "mysql", begin: begin());

@@ -1,15 +1,10 @@
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use justonce_core::{
-    validate_identifier, ClaimState, ClaimStore, DedupKey, Error, ErrorKind, Fingerprint, Finish,
-    Result,
-};
-use sqlx::{PgConnection, PgPool, Row};
+use justonce_core::{validate_identifier, Result};
+use sqlx::{PgConnection, PgPool};
 
-use super::{connect, create};
-use crate::claim_logic::{decide, fenced, ClaimRow, Decision};
+use super::{connect, create, MS};
+use crate::common::{impl_claim_store, ClaimSql};
 
 /// Claims with leases on PostgreSQL, for effects no transaction covers. Leases run on the
 /// database's `clock_timestamp()`. A batch of claims is one transaction.
@@ -25,21 +20,8 @@ use crate::claim_logic::{decide, fenced, ClaimRow, Decision};
 #[derive(Debug, Clone)]
 pub struct PgClaimStore {
     pool: PgPool,
-    sql: Arc<Sql>,
+    sql: Arc<ClaimSql>,
 }
-
-#[derive(Debug)]
-struct Sql {
-    insert: String,
-    select: String,
-    takeover: String,
-    complete: String,
-    token: String,
-    release: String,
-    purge: String,
-}
-
-const LEASE: &str = "($4::double precision * interval '1 millisecond')";
 
 impl PgClaimStore {
     /// Connects and creates the claims table `table` if missing.
@@ -66,10 +48,10 @@ impl PgClaimStore {
             ],
         )
         .await?;
-        let sql = Sql {
+        let sql = ClaimSql {
             insert: format!(
                 "INSERT INTO {t} (consumer, message_id, fingerprint, state, token, lease_until)
-                 VALUES ($1, $2, $3, 'in_progress', 1, clock_timestamp() + {LEASE})
+                 VALUES ($1, $2, $3, 'in_progress', 1, clock_timestamp() + $4 * {MS})
                  ON CONFLICT (consumer, message_id) DO NOTHING"
             ),
             select: format!(
@@ -78,14 +60,14 @@ impl PgClaimStore {
                  FROM {t} WHERE consumer = $1 AND message_id = $2 FOR UPDATE"
             ),
             takeover: format!(
-                "UPDATE {t} SET state = 'in_progress', token = $3, fingerprint = $5,
-                     lease_until = clock_timestamp() + {LEASE}
-                 WHERE consumer = $1 AND message_id = $2"
+                "UPDATE {t} SET state = 'in_progress', token = $1, fingerprint = $2,
+                     lease_until = clock_timestamp() + $3 * {MS}
+                 WHERE consumer = $4 AND message_id = $5"
             ),
             complete: format!(
-                "UPDATE {t} SET state = 'completed', result = $4, completed_at = clock_timestamp(),
+                "UPDATE {t} SET state = 'completed', result = $1, completed_at = clock_timestamp(),
                      lease_until = NULL
-                 WHERE consumer = $1 AND message_id = $2 AND token = $3 AND state = 'in_progress'"
+                 WHERE consumer = $2 AND message_id = $3 AND token = $4 AND state = 'in_progress'"
             ),
             token: format!("SELECT token FROM {t} WHERE consumer = $1 AND message_id = $2"),
             release: format!(
@@ -95,8 +77,7 @@ impl PgClaimStore {
             purge: format!(
                 "DELETE FROM {t} WHERE ctid IN (
                      SELECT ctid FROM {t} WHERE state = 'completed'
-                     AND completed_at < clock_timestamp() - ($1::double precision * interval '1 millisecond')
-                     LIMIT $2)"
+                     AND completed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
             ),
         };
         Ok(PgClaimStore {
@@ -104,155 +85,6 @@ impl PgClaimStore {
             sql: Arc::new(sql),
         })
     }
-
-    async fn acquire_in(
-        &self,
-        conn: &mut PgConnection,
-        key: DedupKey<'_>,
-        fp: Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimState> {
-        let lease_ms = lease.as_millis() as f64;
-        let inserted = sqlx::query(&self.sql.insert)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .bind(fp.to_hex())
-            .bind(lease_ms)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        if inserted == 1 {
-            return Ok(ClaimState::Acquired { token: 1 });
-        }
-        let r = sqlx::query(&self.sql.select)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .fetch_one(&mut *conn)
-            .await?;
-        let row = ClaimRow {
-            fingerprint: r.get("fingerprint"),
-            state: r.get("state"),
-            token: r.get("token"),
-            remaining_ms: r.get("remaining"),
-            result: r.get("result"),
-        };
-        match decide(row, fp) {
-            Decision::Answer(state) => Ok(state),
-            Decision::TakeOver { token } => {
-                sqlx::query(&self.sql.takeover)
-                    .bind(key.consumer)
-                    .bind(key.message_id.as_str())
-                    .bind(token as i64)
-                    .bind(lease_ms)
-                    .bind(fp.to_hex())
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(ClaimState::Acquired { token })
-            }
-        }
-    }
-
-    async fn finish_in(
-        &self,
-        conn: &mut PgConnection,
-        key: DedupKey<'_>,
-        token: u64,
-        finish: Finish<'_>,
-    ) -> Result<Result<()>> {
-        match finish {
-            Finish::Complete(result) => {
-                let done = sqlx::query(&self.sql.complete)
-                    .bind(key.consumer)
-                    .bind(key.message_id.as_str())
-                    .bind(token as i64)
-                    .bind(result)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                if done == 1 {
-                    return Ok(Ok(()));
-                }
-                let current: Option<i64> = sqlx::query_scalar(&self.sql.token)
-                    .bind(key.consumer)
-                    .bind(key.message_id.as_str())
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                Ok(Err(fenced(key, token, current)))
-            }
-            Finish::Release => {
-                sqlx::query(&self.sql.release)
-                    .bind(key.consumer)
-                    .bind(key.message_id.as_str())
-                    .bind(token as i64)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(Ok(()))
-            }
-        }
-    }
 }
 
-#[async_trait]
-impl ClaimStore for PgClaimStore {
-    async fn acquire(
-        &self,
-        key: DedupKey<'_>,
-        fp: Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimState> {
-        let mut states = self.acquire_batch(&[(key, fp)], lease).await?;
-        states
-            .pop()
-            .ok_or_else(|| Error::new(ErrorKind::Database, "acquire returned nothing"))
-    }
-
-    async fn complete(&self, key: DedupKey<'_>, token: u64, result: Option<&[u8]>) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        self.finish_in(&mut conn, key, token, Finish::Complete(result))
-            .await?
-    }
-
-    async fn release(&self, key: DedupKey<'_>, token: u64) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        self.finish_in(&mut conn, key, token, Finish::Release)
-            .await?
-    }
-
-    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.purge)
-            .bind(retention.as_millis() as f64)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-
-    /// One transaction for the whole batch.
-    async fn acquire_batch(
-        &self,
-        keys: &[(DedupKey<'_>, Fingerprint)],
-        lease: Duration,
-    ) -> Result<Vec<ClaimState>> {
-        let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(keys.len());
-        for (key, fp) in keys {
-            out.push(self.acquire_in(&mut tx, *key, *fp, lease).await?);
-        }
-        tx.commit().await?;
-        Ok(out)
-    }
-
-    /// One transaction for the whole batch.
-    async fn finish_batch(
-        &self,
-        items: &[(DedupKey<'_>, u64, Finish<'_>)],
-    ) -> Result<Vec<Result<()>>> {
-        let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(items.len());
-        for (key, token, finish) in items {
-            out.push(self.finish_in(&mut tx, *key, *token, *finish).await?);
-        }
-        tx.commit().await?;
-        Ok(out)
-    }
-}
+impl_claim_store!(PgClaimStore, PgConnection, begin: begin());

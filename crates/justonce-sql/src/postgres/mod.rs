@@ -16,6 +16,9 @@ pub use store::{PgStore, PgStoreOptions, PgTx};
 /// fail in PostgreSQL with a unique violation on its catalog.
 const SCHEMA_LOCK: i64 = 0x6a75_7374_6f6e_6365; // "justonce"
 
+/// One millisecond, to multiply a `bigint` parameter of milliseconds by.
+const MS: &str = "interval '1 millisecond'";
+
 /// Opens a pool on a `postgres://` URL.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {

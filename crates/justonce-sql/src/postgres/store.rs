@@ -1,11 +1,10 @@
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use justonce_core::{validate_identifier, Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
+use justonce_core::{validate_identifier, Result};
 use sqlx::{PgPool, Postgres};
 
-use super::{connect, create};
+use super::{connect, create, MS};
+use crate::common::{impl_dedup_store, DedupSql};
 
 /// The transaction a handler on a [`PgStore`] receives: write through `&mut **tx`.
 pub type PgTx = sqlx::Transaction<'static, Postgres>;
@@ -29,13 +28,6 @@ impl Default for PgStoreOptions {
     }
 }
 
-#[derive(Debug)]
-struct Sql {
-    claim: String,
-    fingerprint: String,
-    purge: String,
-}
-
 /// The dedup store on PostgreSQL, in the same database as your business tables.
 ///
 /// The claim is `INSERT … ON CONFLICT DO NOTHING` in the handler's transaction; a second
@@ -52,7 +44,7 @@ struct Sql {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    sql: Arc<Sql>,
+    sql: Arc<DedupSql>,
 }
 
 impl PgStore {
@@ -81,7 +73,7 @@ impl PgStore {
             ],
         )
         .await?;
-        let sql = Sql {
+        let sql = DedupSql {
             claim: format!(
                 "INSERT INTO {t} (consumer, message_id, fingerprint) VALUES ($1, $2, $3)
                  ON CONFLICT (consumer, message_id) DO NOTHING"
@@ -89,9 +81,7 @@ impl PgStore {
             fingerprint: format!("SELECT fingerprint FROM {t} WHERE consumer = $1 AND message_id = $2"),
             purge: format!(
                 "DELETE FROM {t} WHERE ctid IN (
-                     SELECT ctid FROM {t}
-                     WHERE processed_at < clock_timestamp() - ($1::double precision * interval '1 millisecond')
-                     LIMIT $2)"
+                     SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
             ),
         };
         Ok(PgStore {
@@ -106,84 +96,4 @@ impl PgStore {
     }
 }
 
-#[async_trait]
-impl Store for PgStore {
-    type Tx = PgTx;
-
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn begin(&self) -> Result<PgTx> {
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn commit(&self, tx: PgTx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn rollback(&self, tx: PgTx) -> Result<()> {
-        Ok(tx.rollback().await?)
-    }
-
-    async fn savepoint(&self, tx: &mut PgTx) -> Result<()> {
-        sqlx::query("SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn release_savepoint(&self, tx: &mut PgTx) -> Result<()> {
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(&self, tx: &mut PgTx) -> Result<()> {
-        sqlx::query("ROLLBACK TO SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl DedupStore for PgStore {
-    async fn claim(&self, tx: &mut PgTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
-        let inserted = sqlx::query(&self.sql.claim)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .bind(fp.to_hex())
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if inserted == 1 {
-            return Ok(Claim::Fresh);
-        }
-        let stored: String = sqlx::query_scalar(&self.sql.fingerprint)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .fetch_one(&mut **tx)
-            .await?;
-        Ok(match Fingerprint::from_hex(&stored) {
-            Some(s) if s == fp => Claim::Duplicate,
-            Some(s) => Claim::Conflict { stored: s },
-            None => Claim::Conflict {
-                stored: Fingerprint::of(stored.as_bytes()),
-            },
-        })
-    }
-
-    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.purge)
-            .bind(retention.as_millis() as f64)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-}
+impl_dedup_store!(PgStore, PgTx, "postgres", begin: begin());

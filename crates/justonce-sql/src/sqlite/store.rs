@@ -1,11 +1,10 @@
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use justonce_core::{validate_identifier, Claim, DedupKey, DedupStore, Fingerprint, Result, Store};
+use justonce_core::{validate_identifier, Result};
 use sqlx::{Sqlite, SqlitePool};
 
 use super::{connect, NOW_MS};
+use crate::common::{impl_dedup_store, DedupSql};
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -42,13 +41,6 @@ impl Default for SqliteStoreOptions {
     }
 }
 
-#[derive(Debug)]
-struct Sql {
-    claim: String,
-    fingerprint: String,
-    purge: String,
-}
-
 /// The dedup store on SQLite, in the same file as your business tables.
 ///
 /// Transactions start with `BEGIN IMMEDIATE`, so a handler that reads before it writes
@@ -67,7 +59,7 @@ struct Sql {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    sql: Arc<Sql>,
+    sql: Arc<DedupSql>,
 }
 
 impl SqliteStore {
@@ -82,7 +74,7 @@ impl SqliteStore {
         validate_identifier(table)?;
         let pool = connect(url, true, opts.max_connections).await?;
         sqlx::raw_sql(&schema(table)).execute(&pool).await?;
-        let sql = Sql {
+        let sql = DedupSql {
             claim: format!(
                 "INSERT INTO {table} (consumer, message_id, fingerprint, processed_at)
                  VALUES (?, ?, ?, {NOW_MS}) ON CONFLICT (consumer, message_id) DO NOTHING"
@@ -105,87 +97,4 @@ impl SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    type Tx = SqliteTx;
-
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
-    async fn begin(&self) -> Result<SqliteTx> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
-    }
-
-    async fn commit(&self, tx: SqliteTx) -> Result<()> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn rollback(&self, tx: SqliteTx) -> Result<()> {
-        Ok(tx.rollback().await?)
-    }
-
-    async fn savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
-        sqlx::query("SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn release_savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(&self, tx: &mut SqliteTx) -> Result<()> {
-        sqlx::query("ROLLBACK TO SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        sqlx::query("RELEASE SAVEPOINT jo_message")
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl DedupStore for SqliteStore {
-    async fn claim(&self, tx: &mut SqliteTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
-        let sql = &self.sql.claim;
-        let inserted = sqlx::query(sql)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .bind(fp.to_hex())
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if inserted == 1 {
-            return Ok(Claim::Fresh);
-        }
-        let stored: String = sqlx::query_scalar(&self.sql.fingerprint)
-            .bind(key.consumer)
-            .bind(key.message_id.as_str())
-            .fetch_one(&mut **tx)
-            .await?;
-        Ok(match Fingerprint::from_hex(&stored) {
-            Some(s) if s == fp => Claim::Duplicate,
-            Some(s) => Claim::Conflict { stored: s },
-            None => Claim::Conflict {
-                stored: Fingerprint::of(stored.as_bytes()),
-            },
-        })
-    }
-
-    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        let sql = &self.sql.purge;
-        let n = sqlx::query(sql)
-            .bind(retention.as_millis() as i64)
-            .bind(batch as i64)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok(n)
-    }
-}
+impl_dedup_store!(SqliteStore, SqliteTx, "sqlite", begin: begin_with("BEGIN IMMEDIATE"));

@@ -1,0 +1,295 @@
+//! What every SQL store shares. Each backend provides its DDL and its SQL text, with
+//! parameters always bound in the order documented on [`DedupSql`] and [`ClaimSql`]; the
+//! trait implementations are written once, here, by macro.
+
+use justonce_core::{Claim, Fingerprint};
+
+/// The dedup store's statements. Parameters, in order:
+/// - `claim`: consumer, message id, fingerprint (the time comes from the database clock);
+/// - `fingerprint`: consumer, message id;
+/// - `purge`: retention in milliseconds, batch size.
+#[derive(Debug)]
+pub(crate) struct DedupSql {
+    pub(crate) claim: String,
+    pub(crate) fingerprint: String,
+    pub(crate) purge: String,
+}
+
+/// The claim store's statements. Parameters, in order:
+/// - `insert`: consumer, message id, fingerprint, lease in milliseconds;
+/// - `select` (locking the row; columns `fingerprint, state, token, result, remaining`) and
+///   `token`: consumer, message id;
+/// - `takeover`: token, fingerprint, lease in milliseconds, consumer, message id;
+/// - `complete`: result, consumer, message id, token;
+/// - `release`: consumer, message id, token;
+/// - `purge`: retention in milliseconds, batch size.
+#[derive(Debug)]
+pub(crate) struct ClaimSql {
+    pub(crate) insert: String,
+    pub(crate) select: String,
+    pub(crate) takeover: String,
+    pub(crate) complete: String,
+    pub(crate) token: String,
+    pub(crate) release: String,
+    pub(crate) purge: String,
+}
+
+/// What a claim that inserted nothing found: the fingerprint stored with the key.
+pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
+    match Fingerprint::from_hex(stored) {
+        Some(s) if s == fp => Claim::Duplicate,
+        Some(s) => Claim::Conflict { stored: s },
+        None => Claim::Conflict {
+            stored: Fingerprint::of(stored.as_bytes()),
+        },
+    }
+}
+
+/// `Store` and `DedupStore` for a struct with fields `pool` and `sql: Arc<DedupSql>`.
+/// `begin:` is the pool call that opens a transaction.
+macro_rules! impl_dedup_store {
+    ($store:ty, $tx:ty, $backend:literal, begin: $($begin:tt)+) => {
+        #[async_trait::async_trait]
+        impl justonce_core::Store for $store {
+            type Tx = $tx;
+
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            async fn begin(&self) -> justonce_core::Result<$tx> {
+                Ok(self.pool.$($begin)+.await?)
+            }
+
+            async fn commit(&self, tx: $tx) -> justonce_core::Result<()> {
+                Ok(tx.commit().await?)
+            }
+
+            async fn rollback(&self, tx: $tx) -> justonce_core::Result<()> {
+                Ok(tx.rollback().await?)
+            }
+
+            async fn savepoint(&self, tx: &mut $tx) -> justonce_core::Result<()> {
+                sqlx::query("SAVEPOINT jo_message").execute(&mut **tx).await?;
+                Ok(())
+            }
+
+            async fn release_savepoint(&self, tx: &mut $tx) -> justonce_core::Result<()> {
+                sqlx::query("RELEASE SAVEPOINT jo_message").execute(&mut **tx).await?;
+                Ok(())
+            }
+
+            /// `ROLLBACK TO` keeps the savepoint open: release it, or they pile up per batch.
+            async fn rollback_to_savepoint(&self, tx: &mut $tx) -> justonce_core::Result<()> {
+                sqlx::query("ROLLBACK TO SAVEPOINT jo_message").execute(&mut **tx).await?;
+                sqlx::query("RELEASE SAVEPOINT jo_message").execute(&mut **tx).await?;
+                Ok(())
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl justonce_core::DedupStore for $store {
+            async fn claim(
+                &self,
+                tx: &mut $tx,
+                key: justonce_core::DedupKey<'_>,
+                fp: justonce_core::Fingerprint,
+            ) -> justonce_core::Result<justonce_core::Claim> {
+                let inserted = sqlx::query(&self.sql.claim)
+                    .bind(key.consumer)
+                    .bind(key.message_id.as_str())
+                    .bind(fp.to_hex())
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(justonce_core::Claim::Fresh);
+                }
+                let stored: String = sqlx::query_scalar(&self.sql.fingerprint)
+                    .bind(key.consumer)
+                    .bind(key.message_id.as_str())
+                    .fetch_one(&mut **tx)
+                    .await?;
+                Ok($crate::common::existing(&stored, fp))
+            }
+
+            async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
+                Ok(sqlx::query(&self.sql.purge)
+                    .bind(retention.as_millis() as i64)
+                    .bind(i64::from(batch))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            }
+        }
+    };
+}
+
+/// `ClaimStore` for a struct with fields `pool` and `sql: Arc<ClaimSql>`, whose
+/// connections are `$conn`. Batches are one transaction (`begin:` opens it).
+macro_rules! impl_claim_store {
+    ($store:ty, $conn:ty, begin: $($begin:tt)+) => {
+        impl $store {
+            async fn acquire_in(
+                &self,
+                conn: &mut $conn,
+                key: justonce_core::DedupKey<'_>,
+                fp: justonce_core::Fingerprint,
+                lease: std::time::Duration,
+            ) -> justonce_core::Result<justonce_core::ClaimState> {
+                use sqlx::Row as _;
+                use $crate::claim_logic::{decide, ClaimRow, Decision};
+                let lease_ms = lease.as_millis() as i64;
+                let inserted = sqlx::query(&self.sql.insert)
+                    .bind(key.consumer)
+                    .bind(key.message_id.as_str())
+                    .bind(fp.to_hex())
+                    .bind(lease_ms)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(justonce_core::ClaimState::Acquired { token: 1 });
+                }
+                let r = sqlx::query(&self.sql.select)
+                    .bind(key.consumer)
+                    .bind(key.message_id.as_str())
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let row = ClaimRow {
+                    fingerprint: r.try_get("fingerprint")?,
+                    state: r.try_get("state")?,
+                    token: r.try_get("token")?,
+                    remaining_ms: r.try_get("remaining")?,
+                    result: r.try_get("result")?,
+                };
+                match decide(row, fp) {
+                    Decision::Answer(state) => Ok(state),
+                    Decision::TakeOver { token } => {
+                        sqlx::query(&self.sql.takeover)
+                            .bind(token as i64)
+                            .bind(fp.to_hex())
+                            .bind(lease_ms)
+                            .bind(key.consumer)
+                            .bind(key.message_id.as_str())
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(justonce_core::ClaimState::Acquired { token })
+                    }
+                }
+            }
+
+            /// The outer `Result` is the database's; the inner one says whether the token
+            /// still held the claim.
+            async fn finish_in(
+                &self,
+                conn: &mut $conn,
+                key: justonce_core::DedupKey<'_>,
+                token: u64,
+                finish: justonce_core::Finish<'_>,
+            ) -> justonce_core::Result<justonce_core::Result<()>> {
+                match finish {
+                    justonce_core::Finish::Complete(result) => {
+                        let done = sqlx::query(&self.sql.complete)
+                            .bind(result)
+                            .bind(key.consumer)
+                            .bind(key.message_id.as_str())
+                            .bind(token as i64)
+                            .execute(&mut *conn)
+                            .await?
+                            .rows_affected();
+                        if done == 1 {
+                            return Ok(Ok(()));
+                        }
+                        let current: Option<i64> = sqlx::query_scalar(&self.sql.token)
+                            .bind(key.consumer)
+                            .bind(key.message_id.as_str())
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        Ok(Err($crate::claim_logic::fenced(key, token, current)))
+                    }
+                    justonce_core::Finish::Release => {
+                        sqlx::query(&self.sql.release)
+                            .bind(key.consumer)
+                            .bind(key.message_id.as_str())
+                            .bind(token as i64)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(Ok(()))
+                    }
+                }
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl justonce_core::ClaimStore for $store {
+            async fn acquire(
+                &self,
+                key: justonce_core::DedupKey<'_>,
+                fp: justonce_core::Fingerprint,
+                lease: std::time::Duration,
+            ) -> justonce_core::Result<justonce_core::ClaimState> {
+                let mut states = self.acquire_batch(&[(key, fp)], lease).await?;
+                states.pop().ok_or_else(|| {
+                    justonce_core::Error::new(justonce_core::ErrorKind::Database, "acquire returned nothing")
+                })
+            }
+
+            async fn complete(
+                &self,
+                key: justonce_core::DedupKey<'_>,
+                token: u64,
+                result: Option<&[u8]>,
+            ) -> justonce_core::Result<()> {
+                let mut conn = self.pool.acquire().await?;
+                self.finish_in(&mut conn, key, token, justonce_core::Finish::Complete(result)).await?
+            }
+
+            async fn release(&self, key: justonce_core::DedupKey<'_>, token: u64) -> justonce_core::Result<()> {
+                let mut conn = self.pool.acquire().await?;
+                self.finish_in(&mut conn, key, token, justonce_core::Finish::Release).await?
+            }
+
+            async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
+                Ok(sqlx::query(&self.sql.purge)
+                    .bind(retention.as_millis() as i64)
+                    .bind(i64::from(batch))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            }
+
+            /// One transaction for the whole batch.
+            async fn acquire_batch(
+                &self,
+                keys: &[(justonce_core::DedupKey<'_>, justonce_core::Fingerprint)],
+                lease: std::time::Duration,
+            ) -> justonce_core::Result<Vec<justonce_core::ClaimState>> {
+                let mut tx = self.pool.$($begin)+.await?;
+                let mut out = Vec::with_capacity(keys.len());
+                for (key, fp) in keys {
+                    out.push(self.acquire_in(&mut tx, *key, *fp, lease).await?);
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+
+            /// One transaction for the whole batch.
+            async fn finish_batch(
+                &self,
+                items: &[(justonce_core::DedupKey<'_>, u64, justonce_core::Finish<'_>)],
+            ) -> justonce_core::Result<Vec<justonce_core::Result<()>>> {
+                let mut tx = self.pool.$($begin)+.await?;
+                let mut out = Vec::with_capacity(items.len());
+                for (key, token, finish) in items {
+                    out.push(self.finish_in(&mut tx, *key, *token, *finish).await?);
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_claim_store;
+pub(crate) use impl_dedup_store;
