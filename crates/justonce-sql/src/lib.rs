@@ -24,6 +24,7 @@
 
 mod claim_logic;
 mod common;
+mod guard;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -31,9 +32,11 @@ mod postgres;
 mod sqlite;
 
 #[cfg(feature = "mysql")]
-pub use mysql::{MySqlClaimStore, MySqlStore, MySqlStoreOptions, MySqlTx};
+pub use mysql::{
+    MySqlClaimStore, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
+};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgClaimStore, PgStore, PgStoreOptions, PgTx};
+pub use postgres::{PgClaimStore, PgStateGuard, PgStore, PgStoreOptions, PgTx, PgVersionGuard};
 pub use sqlite::{
     DeadLetter, QueueStats, SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard,
     SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,

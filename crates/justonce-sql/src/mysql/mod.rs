@@ -1,6 +1,7 @@
 //! MariaDB / MySQL: the dedup and claim stores, in your business database.
 
 mod claims;
+mod guard;
 mod store;
 
 use std::time::Duration;
@@ -10,6 +11,7 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::MySqlPool;
 
 pub use claims::MySqlClaimStore;
+pub use guard::{MySqlStateGuard, MySqlVersionGuard};
 pub use store::{MySqlStore, MySqlStoreOptions, MySqlTx};
 
 /// Opens a pool on a `mysql://` URL.

@@ -1,6 +1,7 @@
 //! PostgreSQL: the dedup and claim stores, in your business database.
 
 mod claims;
+mod guard;
 mod store;
 
 use std::time::Duration;
@@ -10,6 +11,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 pub use claims::PgClaimStore;
+pub use guard::{PgStateGuard, PgVersionGuard};
 pub use store::{PgStore, PgStoreOptions, PgTx};
 
 /// Serialises schema creation: concurrent `CREATE TABLE IF NOT EXISTS` of one table can

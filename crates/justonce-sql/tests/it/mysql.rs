@@ -83,3 +83,77 @@ async fn unique_violations_are_classified_on_mariadb() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn mariadb_guards_move_once_and_tell_stale_from_ahead() {
+    use justonce_core::{Cas, Disposition, StateMachine, Transition};
+    use justonce_sql::{MySqlStateGuard, MySqlVersionGuard};
+
+    let Some(url) = url() else { return };
+    let store = MySqlStore::open(&url).await.unwrap();
+    let (orders, accounts) = (unique("jo_orders"), unique("jo_accounts"));
+    for ddl in [
+        format!(
+            "CREATE TABLE {orders} (order_id VARCHAR(20) PRIMARY KEY, status VARCHAR(20) NOT NULL)"
+        ),
+        format!("INSERT INTO {orders} VALUES ('a', 'PENDING'), ('c', 'CANCELLED')"),
+        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, version BIGINT NOT NULL)"),
+        format!("INSERT INTO {accounts} VALUES (7, 3)"),
+    ] {
+        sqlx::query(&ddl).execute(store.pool()).await.unwrap();
+    }
+    let machine = StateMachine::new([
+        ("PENDING", "PAID"),
+        ("PAID", "SHIPPED"),
+        ("PENDING", "CANCELLED"),
+    ])
+    .unwrap();
+    let state = MySqlStateGuard::new(&orders, "order_id", "status", machine).unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    assert_eq!(
+        state.transition(&mut conn, "a", "PAID").await.unwrap(),
+        Transition::Apply
+    );
+    assert_eq!(
+        state.transition(&mut conn, "a", "PAID").await.unwrap(),
+        Transition::AlreadyDone
+    );
+    assert!(matches!(
+        state
+            .transition(&mut conn, "c", "PAID")
+            .await
+            .unwrap()
+            .to_disposition(),
+        Some(Disposition::DeadLetter { .. })
+    ));
+    assert_eq!(
+        state
+            .transition(&mut conn, "zzz", "PAID")
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+
+    // An integer key, bound as an integer.
+    let version = MySqlVersionGuard::new(&accounts, "id", "version").unwrap();
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 3).await.unwrap(),
+        Cas::Applied
+    );
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 3).await.unwrap(),
+        Cas::Stale { current: 4 }
+    );
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 9).await.unwrap(),
+        Cas::Ahead { current: 4 }
+    );
+    drop(conn);
+    for t in [&orders, &accounts] {
+        sqlx::query(&format!("DROP TABLE {t}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}

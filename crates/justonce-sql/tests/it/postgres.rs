@@ -61,3 +61,75 @@ async fn a_wrong_postgres_url_says_what_to_do_without_the_password() {
         e.to_chain_string()
     );
 }
+
+#[tokio::test]
+async fn postgres_guards_move_once_and_tell_stale_from_ahead() {
+    use justonce_core::{Cas, Disposition, StateMachine, Transition};
+    use justonce_sql::{PgStateGuard, PgVersionGuard};
+
+    let Some(url) = url() else { return };
+    let store = PgStore::open(&url).await.unwrap();
+    let (orders, accounts) = (unique("jo_orders"), unique("jo_accounts"));
+    for ddl in [
+        format!("CREATE TABLE {orders} (order_id TEXT PRIMARY KEY, status TEXT NOT NULL)"),
+        format!("INSERT INTO {orders} VALUES ('a', 'PENDING'), ('c', 'CANCELLED')"),
+        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, version BIGINT NOT NULL)"),
+        format!("INSERT INTO {accounts} VALUES (7, 3)"),
+    ] {
+        sqlx::query(&ddl).execute(store.pool()).await.unwrap();
+    }
+    let machine = StateMachine::new([
+        ("PENDING", "PAID"),
+        ("PAID", "SHIPPED"),
+        ("PENDING", "CANCELLED"),
+    ])
+    .unwrap();
+    let state = PgStateGuard::new(&orders, "order_id", "status", machine).unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    assert_eq!(
+        state.transition(&mut conn, "a", "PAID").await.unwrap(),
+        Transition::Apply
+    );
+    assert_eq!(
+        state.transition(&mut conn, "a", "PAID").await.unwrap(),
+        Transition::AlreadyDone
+    );
+    assert!(matches!(
+        state
+            .transition(&mut conn, "c", "PAID")
+            .await
+            .unwrap()
+            .to_disposition(),
+        Some(Disposition::DeadLetter { .. })
+    ));
+    assert_eq!(
+        state
+            .transition(&mut conn, "zzz", "PAID")
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+
+    // An integer key, bound as an integer.
+    let version = PgVersionGuard::new(&accounts, "id", "version").unwrap();
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 3).await.unwrap(),
+        Cas::Applied
+    );
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 3).await.unwrap(),
+        Cas::Stale { current: 4 }
+    );
+    assert_eq!(
+        version.bump(&mut conn, 7_i64, 9).await.unwrap(),
+        Cas::Ahead { current: 4 }
+    );
+    drop(conn);
+    for t in [&orders, &accounts] {
+        sqlx::query(&format!("DROP TABLE {t}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
