@@ -1,6 +1,8 @@
 //! Tests of the SQL backends through their public API. PostgreSQL and MariaDB run the same
 //! conformance suites as SQLite, against the real servers.
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod backend;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

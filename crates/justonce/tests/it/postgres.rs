@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use justonce::sql::{PgStore, PgStoreOptions, PgTx, SqliteQueue, SqliteQueueOptions};
 use justonce::{
-    async_trait, conformance, Consumer, ConsumerOptions, Context, Disposition, ErrorKind, Handler,
-    Message, Publisher, Result,
+    async_trait, conformance, Consumer, ConsumerOptions, Context, Disposition, Handler, Message,
+    Publisher, Result,
 };
 
 fn url() -> Option<String> {
@@ -163,27 +163,4 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
             .await
             .unwrap();
     }
-}
-
-#[tokio::test]
-async fn unique_violations_are_classified_on_postgres() {
-    let Some(url) = url() else { return };
-    let store = PgStore::open(&url).await.unwrap();
-    let t = unique("jo_uniq");
-    sqlx::query(&format!("CREATE TABLE {t} (id TEXT PRIMARY KEY)"))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let insert = format!("INSERT INTO {t} VALUES ('a')");
-    sqlx::query(&insert).execute(store.pool()).await.unwrap();
-    let e: justonce::Error = sqlx::query(&insert)
-        .execute(store.pool())
-        .await
-        .unwrap_err()
-        .into();
-    assert_eq!(e.kind(), ErrorKind::UniqueViolation);
-    sqlx::query(&format!("DROP TABLE {t}"))
-        .execute(store.pool())
-        .await
-        .unwrap();
 }
