@@ -179,6 +179,23 @@ impl AmqpSource {
         Ok(q.message_count())
     }
 
+    /// Messages the broker still owes a consumer: those in flight on this source plus those
+    /// ready in the work queue and the retry tiers (dead letters excluded). Counted by the
+    /// broker, except in-flight ones; a closed channel's deliveries reappear as ready a moment
+    /// after the close, so treat a single zero as provisional.
+    pub async fn pending(&self) -> Result<u64> {
+        let mut n = self.in_flight() as u64;
+        let opts = &self.inner.opts;
+        for queue in opts
+            .queues()
+            .into_iter()
+            .filter(|q| *q != opts.dead_letter_queue())
+        {
+            n += u64::from(self.ready(&queue).await?);
+        }
+        Ok(n)
+    }
+
     /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
     pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
         let channel = self.live().await?.0;
@@ -359,24 +376,25 @@ impl AmqpSource {
         }
     }
 
-    /// Acks the given tags of the current generation, `multiple` over the longest run of
-    /// the oldest outstanding tags. Tags not outstanding (already acked, or from a channel
-    /// that closed) are skipped: acking an unknown tag would close the channel.
-    async fn ack_tags(&self, generation: u64, tags: &[u64]) -> Result<()> {
+    /// Acks the `(generation, tag)` pairs of the current channel, `multiple` over the
+    /// longest run of the oldest outstanding tags. Tags of a channel that closed, or not
+    /// outstanding (already acked), are skipped: acking an unknown tag closes the channel.
+    async fn ack_tags(&self, tags: &[(u64, u64)]) -> Result<()> {
         let _order = self.inner.settle_order.lock().await;
         let Some((channel, current)) = self.current().await else {
             return Ok(());
         };
-        if generation != current {
-            return Ok(());
-        }
         let (multiple, singles) = {
             let mut out = self
                 .inner
                 .outstanding
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let wanted: BTreeSet<u64> = tags.iter().copied().filter(|t| out.contains(t)).collect();
+            let wanted: BTreeSet<u64> = tags
+                .iter()
+                .filter(|(generation, tag)| *generation == current && out.contains(tag))
+                .map(|(_, tag)| *tag)
+                .collect();
             let mut upto = None;
             for t in out.iter() {
                 if wanted.contains(t) {
@@ -483,20 +501,11 @@ impl Source for AmqpSource {
     }
 
     async fn ack(&self, receipts: &[&Receipt]) -> Result<()> {
-        let mut by_gen: Vec<(u64, u64)> = Vec::with_capacity(receipts.len());
-        for r in receipts {
-            let t = token(r)?;
-            by_gen.push((t.generation, t.tag));
-        }
-        let Some((_, current)) = self.current().await else {
-            return Ok(());
-        };
-        let tags: Vec<u64> = by_gen
+        let tags = receipts
             .iter()
-            .filter(|(g, _)| *g == current)
-            .map(|(_, t)| *t)
-            .collect();
-        self.ack_tags(current, &tags).await
+            .map(|r| token(r).map(|t| (t.generation, t.tag)))
+            .collect::<Result<Vec<_>>>()?;
+        self.ack_tags(&tags).await
     }
 
     async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
@@ -533,7 +542,7 @@ impl Source for AmqpSource {
             .publisher
             .send("", &tier, &[(t.message.payload(), props)])
             .await?;
-        self.ack_tags(t.generation, &[t.tag]).await
+        self.ack_tags(&[(t.generation, t.tag)]).await
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
@@ -550,7 +559,7 @@ impl Source for AmqpSource {
                 &[(delivery.message.payload(), props)],
             )
             .await?;
-        self.ack_tags(t.generation, &[t.tag]).await
+        self.ack_tags(&[(t.generation, t.tag)]).await
     }
 
     fn redelivery_delay(&self) -> Duration {

@@ -82,18 +82,7 @@ impl Bus {
     pub(crate) async fn pending(&self) -> Result<u64> {
         match self {
             Bus::Sqlite(q) => Ok(q.stats().await?.pending),
-            Bus::Amqp(q) => {
-                let mut n = q.in_flight() as u64;
-                let opts = q.options().clone();
-                for name in opts
-                    .queues()
-                    .into_iter()
-                    .filter(|n| *n != opts.dead_letter_queue())
-                {
-                    n += u64::from(q.ready(&name).await?);
-                }
-                Ok(n)
-            }
+            Bus::Amqp(q) => q.pending().await,
         }
     }
 

@@ -166,14 +166,7 @@ impl PaymentApi {
 
     /// Charges per order, and the calls the API received.
     pub(crate) async fn effects(&self) -> Result<(Effects, u64)> {
-        let rows = sqlx::query("SELECT order_id, COUNT(*) FROM api_charges GROUP BY order_id")
-            .fetch_all(&self.pool)
-            .await?;
-        let per_order: HashMap<String, u64> = rows
-            .iter()
-            .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64))
-            .collect();
-        let total = per_order.values().sum();
+        let (per_order, total) = per_order(&self.pool, "api_charges").await?;
         let calls: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_calls")
             .fetch_one(&self.pool)
             .await?;
@@ -319,6 +312,21 @@ impl Handler<SqliteTx> for PaymentHandler {
     }
 }
 
+/// Rows per order id in `table` (the ledger, or the API's charges), and their total.
+async fn per_order(pool: &SqlitePool, table: &str) -> Result<(HashMap<String, u64>, u64)> {
+    let rows = sqlx::query(&format!(
+        "SELECT order_id, COUNT(*) FROM {table} GROUP BY order_id"
+    ))
+    .fetch_all(pool)
+    .await?;
+    let per_order: HashMap<String, u64> = rows
+        .iter()
+        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64))
+        .collect();
+    let total = per_order.values().sum();
+    Ok((per_order, total))
+}
+
 /// What the business data says happened.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Effects {
@@ -334,14 +342,7 @@ impl Effects {
     /// Reads the ledger and balances.
     pub(crate) async fn read(store: &SqliteStore) -> Result<Self> {
         let pool = store.pool();
-        let rows = sqlx::query("SELECT order_id, COUNT(*) FROM jo_demo_ledger GROUP BY order_id")
-            .fetch_all(pool)
-            .await?;
-        let per_order: HashMap<String, u64> = rows
-            .iter()
-            .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64))
-            .collect();
-        let total = per_order.values().sum();
+        let (per_order, total) = per_order(pool, "jo_demo_ledger").await?;
         let balances: i64 =
             sqlx::query_scalar("SELECT COALESCE(SUM(balance), 0) FROM jo_demo_accounts")
                 .fetch_one(pool)

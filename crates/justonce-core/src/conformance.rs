@@ -520,3 +520,20 @@ pub fn service_available(name: &str, addr: &str) -> bool {
     eprintln!("SKIPPED: {name} is not reachable at {addr}; this test did not run (set JUSTONCE_REQUIRE_SERVICES=1 to make it fail instead)");
     false
 }
+
+/// A name no other test run uses at the same time (`prefix_PID_NANOS`), for the tables,
+/// queues and streams a test creates on a shared service.
+///
+/// ```
+/// let a = justonce_core::conformance::unique_name("jo_t");
+/// assert!(a.starts_with("jo_t_") && justonce_core::validate_identifier(&a).is_ok());
+/// ```
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{}_{nanos:x}_{n}", std::process::id())
+}

@@ -14,17 +14,9 @@ fn url() -> Option<String> {
 }
 
 fn options(test: &str) -> AmqpOptions {
-    let mut o = AmqpOptions::new(format!("jo-test-{test}-{:08x}", fastrand_u32()));
+    let mut o = AmqpOptions::new(conformance::unique_name(&format!("jo-test-{test}")));
     o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(1500)];
     o
-}
-
-fn fastrand_u32() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    nanos ^ std::process::id().rotate_left(16)
 }
 
 fn msg(id: &str) -> Message {

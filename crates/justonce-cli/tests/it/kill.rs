@@ -152,7 +152,7 @@ async fn check(s: &Setup) -> Outcome {
         let q = AmqpSource::connect(&s.transport, AmqpOptions::new(s.queue.clone()))
             .await
             .unwrap();
-        let pending = u64::from(q.ready(&s.queue).await.unwrap()) + q.in_flight() as u64;
+        let pending = q.pending().await.unwrap();
         q.delete_topology().await.unwrap();
         return Outcome {
             counts,

@@ -17,7 +17,7 @@ macro_rules! backend_tests {
         use justonce_core::{conformance, Cas, Disposition, ErrorKind, StateMachine, Transition};
         use justonce_sql::{$claims, $options, $state, $store, $version};
 
-        use crate::unique;
+        use justonce_core::conformance::unique_name as unique;
 
         fn url() -> Option<String> {
             conformance::service_available($service, $addr)

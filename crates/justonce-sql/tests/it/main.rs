@@ -33,12 +33,3 @@ fn every_backend_is_compiled_in() {
     );
     eprintln!("SKIPPED: {text}");
 }
-
-/// A table name no other test run uses.
-pub(crate) fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{prefix}_{}_{nanos:x}", std::process::id())
-}

@@ -180,17 +180,13 @@ where
         self.modify(|inner| inner.claims = Some(claims))
     }
 
-    fn modify(self, f: impl FnOnce(&mut Inner<S, H>)) -> Self {
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                f(&mut inner);
-                Consumer {
-                    inner: Arc::new(inner),
-                }
-            }
-            // Already shared by a running loop: settings only change before running.
-            Err(inner) => Consumer { inner },
-        }
+    fn modify(mut self, f: impl FnOnce(&mut Inner<S, H>)) -> Self {
+        // Only `run_until` shares the inner state, with tasks it joins before it returns,
+        // and it borrows the consumer: a builder method always holds the only reference.
+        let inner = Arc::get_mut(&mut self.inner)
+            .unwrap_or_else(|| unreachable!("a Consumer is shared only while it runs"));
+        f(inner);
+        self
     }
 
     fn check_ready(&self) -> Result<()> {

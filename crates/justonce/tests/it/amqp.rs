@@ -38,7 +38,7 @@ async fn fixture(test: &str) -> Option<Fixture> {
         .execute(store.pool())
         .await
         .unwrap();
-    let mut opts = AmqpOptions::new(format!("jo-rt-{test}-{}", std::process::id()));
+    let mut opts = AmqpOptions::new(conformance::unique_name(&format!("jo-rt-{test}")));
     opts.retry_delays = vec![Duration::from_millis(200)];
     Some(Fixture {
         _dir: dir,
@@ -83,15 +83,7 @@ async fn drained(source: AmqpSource) {
     let mut quiet = 0;
     while quiet < 10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut pending = source.in_flight() as u64;
-        let opts = source.options().clone();
-        for q in opts
-            .queues()
-            .into_iter()
-            .filter(|q| *q != opts.dead_letter_queue())
-        {
-            pending += u64::from(source.ready(&q).await.unwrap_or(1));
-        }
+        let pending = source.pending().await.unwrap_or(1);
         quiet = if pending == 0 { quiet + 1 } else { 0 };
     }
 }

@@ -16,14 +16,6 @@ fn url() -> Option<String> {
     })
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{prefix}_{}_{nanos:x}", std::process::id())
-}
-
 struct Ledger {
     table: String,
 }
@@ -82,10 +74,10 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
     queue.publish_batch(&msgs).await.unwrap();
 
     let mut sopts = PgStoreOptions::default();
-    sopts.dedup_table = unique("jo_dedup_rt");
+    sopts.dedup_table = conformance::unique_name("jo_dedup_rt");
     let dedup = sopts.dedup_table.clone();
     let store = PgStore::open_with(&url, sopts).await.unwrap();
-    let ledger = unique("jo_ledger_rt");
+    let ledger = conformance::unique_name("jo_ledger_rt");
     sqlx::query(&format!("CREATE TABLE {ledger} (order_id TEXT NOT NULL)"))
         .execute(store.pool())
         .await
