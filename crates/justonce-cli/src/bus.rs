@@ -1,4 +1,4 @@
-//! The demo's transport: the embedded SQLite queue or RabbitMQ, with what the demo needs to
+//! The demo's transport: the embedded SQLite queue, RabbitMQ or a PostgreSQL queue, with what the demo needs to
 //! count from each: pending messages, deliveries, dead letters, and how a crash looks.
 
 use std::collections::HashSet;
@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use justonce::amqp::{AmqpOptions, AmqpSource};
-use justonce::sql::{SqliteQueue, SqliteQueueOptions};
+use justonce::sql::{PgQueue, PgQueueOptions, SqliteQueue, SqliteQueueOptions};
 use justonce::{Message, Publisher, Result, Source};
 
 #[derive(Debug, Clone)]
 pub(crate) enum Bus {
     Sqlite(SqliteQueue),
     Amqp(AmqpSource),
+    Pg(PgQueue),
 }
 
 impl Bus {
@@ -22,12 +23,14 @@ impl Bus {
             Ok("sqlite")
         } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
             Ok("amqp")
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok("postgres")
         } else {
             let scheme = url.split(':').next().unwrap_or_default();
             anyhow::bail!(
-                "the {scheme} transport is not built yet: use sqlite:PATH (the embedded default) or \
-                 amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ); PostgreSQL, NATS and Redis transports \
-                 are on the roadmap in README.md"
+                "the {scheme} transport is not built yet: use sqlite:PATH (the embedded default), \
+                 amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or postgres://USER@HOST:PORT/DB \
+                 (a PostgreSQL queue); NATS and Redis transports are on the roadmap in README.md"
             )
         }
     }
@@ -42,6 +45,10 @@ impl Bus {
             let mut o = SqliteQueueOptions::default();
             o.lease = lease;
             Ok(Bus::Sqlite(SqliteQueue::open_with(url, queue, o).await?))
+        } else if url.starts_with("postgres") {
+            let mut o = PgQueueOptions::default();
+            o.lease = lease;
+            Ok(Bus::Pg(PgQueue::open_with(url, queue, o).await?))
         } else {
             let mut o = AmqpOptions::new(queue);
             o.prefetch = prefetch;
@@ -53,6 +60,7 @@ impl Bus {
         match self {
             Bus::Sqlite(q) => Arc::new(q.clone()),
             Bus::Amqp(q) => Arc::new(q.clone()),
+            Bus::Pg(q) => Arc::new(q.clone()),
         }
     }
 
@@ -63,6 +71,12 @@ impl Bus {
     pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
         match self {
             Bus::Sqlite(q) => {
+                q.publish_batch(first).await?;
+                if !again.is_empty() {
+                    q.publish_batch(again).await?;
+                }
+            }
+            Bus::Pg(q) => {
                 q.publish_batch(first).await?;
                 if !again.is_empty() {
                     q.publish_batch(again).await?;
@@ -83,15 +97,17 @@ impl Bus {
         match self {
             Bus::Sqlite(q) => Ok(q.stats().await?.pending),
             Bus::Amqp(q) => q.pending().await,
+            Bus::Pg(q) => Ok(q.stats().await?.pending),
         }
     }
 
-    /// Deliveries the transport made: the SQLite queue's own counter table, or the frames
+    /// Deliveries the transport made: the SQL queue's own counter table, or the frames
     /// RabbitMQ sent (counted where they arrive).
     pub(crate) async fn deliveries(&self) -> Result<u64> {
         match self {
             Bus::Sqlite(q) => Ok(q.stats().await?.deliveries),
             Bus::Amqp(q) => Ok(q.delivery_counts().0),
+            Bus::Pg(q) => Ok(q.stats().await?.deliveries),
         }
     }
 
@@ -105,6 +121,12 @@ impl Bus {
                 .map(|d| d.message)
                 .collect(),
             Bus::Amqp(q) => q.drain_dead_letters().await?,
+            Bus::Pg(q) => q
+                .dead_letters()
+                .await?
+                .into_iter()
+                .map(|d| d.message)
+                .collect(),
         };
         let mut ids = HashSet::new();
         let mut anonymous = 0;
@@ -120,7 +142,7 @@ impl Bus {
     }
 
     /// A consumer crash as the transport sees it: on RabbitMQ the channel closes with its
-    /// deliveries unacked; the SQLite queue needs nothing (the leases run out).
+    /// deliveries unacked; the SQL queues need nothing (the leases run out).
     pub(crate) async fn crash(&self) {
         if let Bus::Amqp(q) = self {
             q.abandon().await;
@@ -144,6 +166,7 @@ impl Bus {
         match self {
             Bus::Sqlite(_) => Ok(()),
             Bus::Amqp(q) => q.delete_topology().await,
+            Bus::Pg(q) => q.delete().await,
         }
     }
 }

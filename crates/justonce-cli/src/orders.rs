@@ -6,8 +6,17 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use justonce::sql::{SqliteStateGuard, SqliteStore, SqliteTx, SqliteVersionGuard};
-use justonce::{async_trait, Context, Disposition, Handler, Idempotency, Result, StateMachine};
+use justonce::sql::{
+    MySqlClaimStore, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
+    PgClaimStore, PgStateGuard, PgStore, PgStoreOptions, PgTx, PgVersionGuard, SqliteClaimStore,
+    SqliteStateGuard, SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
+};
+use justonce::{
+    async_trait, Cas, ClaimStore, Context, DedupStore, Disposition, Handler, Idempotency, Result,
+    StateMachine, TransactionalAck, Transition,
+};
+
+use crate::bus::Bus;
 use serde::{Deserialize, Serialize};
 use sqlx::{Row, SqlitePool};
 
@@ -60,52 +69,6 @@ impl Strategy {
             Strategy::Claim => Idempotency::Claim,
         }
     }
-}
-
-/// Creates the business tables if missing; `fresh` drops them first. `orders` are created
-/// PENDING at version 0, for the state-machine and version strategies.
-pub(crate) async fn setup(store: &SqliteStore, fresh: bool, orders: &[&str]) -> Result<()> {
-    let pool = store.pool();
-    if fresh {
-        for table in [
-            "jo_demo_ledger",
-            "jo_demo_accounts",
-            "jo_demo_orders",
-            "jo_demo_order_ids",
-        ] {
-            sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-                .execute(pool)
-                .await?;
-        }
-    }
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS jo_demo_accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
-         CREATE TABLE IF NOT EXISTS jo_demo_ledger (
-             seq INTEGER PRIMARY KEY AUTOINCREMENT, order_id TEXT NOT NULL,
-             account INTEGER NOT NULL, amount INTEGER NOT NULL);
-         CREATE TABLE IF NOT EXISTS jo_demo_order_ids (order_id TEXT PRIMARY KEY);
-         CREATE TABLE IF NOT EXISTS jo_demo_orders (
-             order_id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL);",
-    )
-    .execute(pool)
-    .await?;
-    let mut tx = pool.begin().await?;
-    sqlx::query(
-        "INSERT INTO jo_demo_accounts (id, balance)
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-         SELECT i, 0 FROM n WHERE true ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(ACCOUNTS)
-    .execute(&mut *tx)
-    .await?;
-    for id in orders {
-        sqlx::query("INSERT INTO jo_demo_orders VALUES (?, 'PENDING', 0) ON CONFLICT DO NOTHING")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
 }
 
 /// A simulated third-party payment API in a database of its own: it records every call,
@@ -182,74 +145,59 @@ impl PaymentApi {
 }
 
 /// The guard the effectively-once handler applies before the payment.
-#[derive(Debug, Clone)]
-enum Guard {
+enum Guard<B: Bank> {
     None,
     UniqueKey,
-    StateMachine(SqliteStateGuard),
-    Version(SqliteVersionGuard),
+    StateMachine(B::StateGuard),
+    Version(B::VersionGuard),
 }
 
 /// Applies a payment: `balance = balance + amount` and a ledger row in the consumer's
 /// transaction or, for the claim strategy, a charge through the external API.
-#[derive(Debug, Clone)]
-pub(crate) struct PaymentHandler {
+pub(crate) struct PaymentHandler<B: Bank> {
     runs: Arc<AtomicU64>,
-    guard: Guard,
+    tables: Tables,
+    guard: Guard<B>,
     api: Option<PaymentApi>,
     stable_keys: bool,
 }
 
-impl Default for PaymentHandler {
-    fn default() -> Self {
-        PaymentHandler {
-            runs: Arc::default(),
-            guard: Guard::None,
-            api: None,
-            stable_keys: false,
-        }
-    }
-}
-
-impl PaymentHandler {
+impl<B: Bank> PaymentHandler<B> {
     /// The handler for `strategy`. `guarded` is false for the at-most-once and
     /// at-least-once runs, which apply payments with no idempotency at all.
-    pub(crate) fn new(strategy: Strategy, guarded: bool, api: Option<PaymentApi>) -> Result<Self> {
+    pub(crate) fn new(
+        tables: Tables,
+        strategy: Strategy,
+        guarded: bool,
+        api: Option<PaymentApi>,
+    ) -> Result<Self> {
         let guard = match (guarded, strategy) {
             (false, _) | (_, Strategy::DedupTable | Strategy::Claim) => Guard::None,
             (true, Strategy::UniqueKey) => Guard::UniqueKey,
             (true, Strategy::StateMachine) => {
                 let machine = StateMachine::new([("PENDING", "PAID"), ("PAID", "SHIPPED")])?;
-                Guard::StateMachine(SqliteStateGuard::new(
-                    "jo_demo_orders",
-                    "order_id",
-                    "status",
-                    machine,
-                )?)
+                Guard::StateMachine(B::state_guard(&tables.orders, machine)?)
             }
-            (true, Strategy::Version) => Guard::Version(SqliteVersionGuard::new(
-                "jo_demo_orders",
-                "order_id",
-                "version",
-            )?),
+            (true, Strategy::Version) => Guard::Version(B::version_guard(&tables.orders)?),
         };
         Ok(PaymentHandler {
             runs: Arc::default(),
+            tables,
             guard,
             api,
             stable_keys: guarded,
         })
     }
 
-    /// How many times the handler ran (committed or not).
-    pub(crate) fn runs(&self) -> u64 {
-        self.runs.load(Ordering::Relaxed)
+    /// How many times the handler ran (committed or not), shared by the clones.
+    pub(crate) fn runs(&self) -> Arc<AtomicU64> {
+        self.runs.clone()
     }
 }
 
 #[async_trait]
-impl Handler<SqliteTx> for PaymentHandler {
-    async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
+impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut B::Tx) -> Result<Disposition> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         let p: Payment = cx.message().decode_json()?;
         if p.amount <= 0 {
@@ -272,45 +220,308 @@ impl Handler<SqliteTx> for PaymentHandler {
             Guard::None => None,
             Guard::UniqueKey => {
                 // A duplicate fails here with a unique violation, which the runtime acks.
-                sqlx::query("INSERT INTO jo_demo_order_ids (order_id) VALUES (?)")
-                    .bind(&p.order_id)
-                    .execute(&mut **tx)
-                    .await?;
+                B::record_order(tx, &self.tables, &p.order_id).await?;
                 None
             }
-            Guard::StateMachine(g) => g
-                .transition(tx, &p.order_id, "PAID")
+            Guard::StateMachine(g) => B::transition(g, tx, &p.order_id, "PAID")
                 .await?
                 .to_disposition(),
-            Guard::Version(g) => g
-                .bump(tx, &p.order_id, p.version)
+            Guard::Version(g) => B::bump(g, tx, &p.order_id, p.version)
                 .await?
                 .to_disposition(p.version),
         };
         if let Some(done) = done {
             return Ok(done);
         }
-        let updated = sqlx::query("UPDATE jo_demo_accounts SET balance = balance + ? WHERE id = ?")
-            .bind(p.amount)
-            .bind(p.account)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if updated == 0 {
+        if !B::pay(tx, &self.tables, &p).await? {
             return Ok(Disposition::dead_letter(format!(
                 "invalid input: no account {}",
                 p.account
             )));
         }
-        sqlx::query("INSERT INTO jo_demo_ledger (order_id, account, amount) VALUES (?, ?, ?)")
-            .bind(&p.order_id)
-            .bind(p.account)
-            .bind(p.amount)
-            .execute(&mut **tx)
-            .await?;
         Ok(Disposition::Ok)
     }
 }
+
+/// The names of one run's business tables: the accounts, the payment ledger, the order ids
+/// (unique-key strategy) and the orders with state and version (guard strategies). On a
+/// shared server each run has its own prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Tables {
+    pub(crate) dedup: String,
+    pub(crate) claims: String,
+    pub(crate) accounts: String,
+    pub(crate) ledger: String,
+    pub(crate) order_ids: String,
+    pub(crate) orders: String,
+}
+
+impl Tables {
+    /// The tables `{prefix}_accounts`, `_ledger`, `_order_ids`, `_orders`, and the dedup and
+    /// claim tables `{prefix}_dedup`, `_claims`.
+    pub(crate) fn new(prefix: &str) -> Result<Self> {
+        let t = Tables {
+            dedup: format!("{prefix}_dedup"),
+            claims: format!("{prefix}_claims"),
+            accounts: format!("{prefix}_accounts"),
+            ledger: format!("{prefix}_ledger"),
+            order_ids: format!("{prefix}_order_ids"),
+            orders: format!("{prefix}_orders"),
+        };
+        for name in t.all() {
+            justonce::validate_identifier(name)?;
+        }
+        Ok(t)
+    }
+
+    fn all(&self) -> [&String; 6] {
+        [
+            &self.ledger,
+            &self.accounts,
+            &self.orders,
+            &self.order_ids,
+            &self.dedup,
+            &self.claims,
+        ]
+    }
+}
+
+/// The demo's business database: a dedup store whose transactions the payments are written
+/// in, with the SQL of its dialect. Implemented by [`bank!`] for SQLite, PostgreSQL and
+/// MariaDB.
+#[async_trait]
+pub(crate) trait Bank: DedupStore + Clone {
+    /// The state-machine guard of this database.
+    type StateGuard: Send + Sync + 'static;
+    /// The version guard of this database.
+    type VersionGuard: Send + Sync + 'static;
+
+    /// Connects, creating the dedup table `t.dedup`.
+    async fn open(url: &str, t: &Tables) -> Result<Self>;
+    /// Creates the business tables if missing; `orders` are created PENDING at version 0,
+    /// for the state-machine and version strategies.
+    async fn setup(&self, t: &Tables, orders: &[&str]) -> Result<()>;
+    /// Drops every table of `t`.
+    async fn drop_tables(&self, t: &Tables) -> Result<()>;
+    /// Ledger rows per order id, and whether the balances add up to the ledger.
+    async fn effects(&self, t: &Tables) -> Result<Effects>;
+    /// A claim store for the claim strategy: the table `t.claims` at `url` (a file of its own
+    /// on SQLite).
+    async fn claims(&self, url: &str, t: &Tables) -> Result<Arc<dyn ClaimStore>>;
+    /// The state guard on `orders`.
+    fn state_guard(orders: &str, machine: StateMachine) -> Result<Self::StateGuard>;
+    /// The version guard on `orders`.
+    fn version_guard(orders: &str) -> Result<Self::VersionGuard>;
+    /// Records the order id under its primary key: a second time is a unique violation.
+    async fn record_order(tx: &mut Self::Tx, t: &Tables, order_id: &str) -> Result<()>;
+    /// Moves the order's state.
+    async fn transition(
+        g: &Self::StateGuard,
+        tx: &mut Self::Tx,
+        order_id: &str,
+        to: &str,
+    ) -> Result<Transition>;
+    /// Bumps the order's version from `expected`.
+    async fn bump(
+        g: &Self::VersionGuard,
+        tx: &mut Self::Tx,
+        order_id: &str,
+        expected: i64,
+    ) -> Result<Cas>;
+    /// The payment: balance and ledger row. False when the account does not exist.
+    async fn pay(tx: &mut Self::Tx, t: &Tables, p: &Payment) -> Result<bool>;
+    /// The transport's ack inside this database's transactions, when `bus` is a queue in
+    /// this database (the PostgreSQL queue with the PostgreSQL store).
+    fn transactional_ack(bus: &Bus) -> Option<Arc<dyn TransactionalAck<Self::Tx>>>;
+}
+
+/// Implements [`Bank`] for one database. `ph` makes the n-th placeholder; `serial` is an
+/// auto-numbered primary key column; `ignore` is `(prefix, suffix)` of an insert that skips
+/// rows whose key exists.
+macro_rules! bank {
+    (
+        $store:ty, $opts:ty, $tx:ty, state: $state:ty, version: $version:ty, ph: $ph:expr,
+        serial: $serial:literal, ignore: ($ins:literal, $conflict:literal),
+        claims: |$self_:ident, $url:ident, $table:ident| $claims:expr,
+        tx_ack: |$bus:ident| $tx_ack:expr $(,)?
+    ) => {
+        #[async_trait]
+        impl Bank for $store {
+            type StateGuard = $state;
+            type VersionGuard = $version;
+
+            async fn open(url: &str, t: &Tables) -> Result<Self> {
+                let mut o = <$opts>::default();
+                o.dedup_table = t.dedup.clone();
+                <$store>::open_with(url, o).await
+            }
+
+            async fn setup(&self, t: &Tables, orders: &[&str]) -> Result<()> {
+                let ph: fn(usize) -> String = $ph;
+                let pool = self.pool();
+                for ddl in [
+                    format!("CREATE TABLE IF NOT EXISTS {} (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)", t.accounts),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {} (seq {}, order_id VARCHAR(64) NOT NULL,
+                             account BIGINT NOT NULL, amount BIGINT NOT NULL)",
+                        t.ledger, $serial
+                    ),
+                    format!("CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY)", t.order_ids),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY,
+                             status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)",
+                        t.orders
+                    ),
+                ] {
+                    sqlx::query(&ddl).execute(pool).await?;
+                }
+                let accounts: Vec<String> = (1..=ACCOUNTS).map(|i| format!("({i}, 0)")).collect();
+                let sql = format!(
+                    "{} {} (id, balance) VALUES {} {}",
+                    $ins, t.accounts, accounts.join(", "), $conflict
+                );
+                sqlx::query(&sql).execute(pool).await?;
+                for chunk in orders.chunks(500) {
+                    let rows: Vec<String> =
+                        (1..=chunk.len()).map(|i| format!("({}, 'PENDING', 0)", ph(i))).collect();
+                    let sql = format!(
+                        "{} {} (order_id, status, version) VALUES {} {}",
+                        $ins, t.orders, rows.join(", "), $conflict
+                    );
+                    let mut q = sqlx::query(&sql);
+                    for id in chunk {
+                        q = q.bind(*id);
+                    }
+                    q.execute(pool).await?;
+                }
+                Ok(())
+            }
+
+            async fn drop_tables(&self, t: &Tables) -> Result<()> {
+                for table in t.all() {
+                    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                        .execute(self.pool())
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn effects(&self, t: &Tables) -> Result<Effects> {
+                let pool = self.pool();
+                let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                    "SELECT order_id, COUNT(*) FROM {} GROUP BY order_id",
+                    t.ledger
+                ))
+                .fetch_all(pool)
+                .await?;
+                let per_order: HashMap<String, u64> =
+                    rows.into_iter().map(|(id, n)| (id, n as u64)).collect();
+                let total = per_order.values().sum();
+                // 1 when the balances add up to the ledger; COUNT keeps the type BIGINT everywhere.
+                let consistent: i64 = sqlx::query_scalar(&format!(
+                    "SELECT COUNT(*) FROM (SELECT 1 AS one) x
+                     WHERE (SELECT COALESCE(SUM(balance), 0) FROM {})
+                         = (SELECT COALESCE(SUM(amount), 0) FROM {})",
+                    t.accounts, t.ledger
+                ))
+                .fetch_one(pool)
+                .await?;
+                Ok(Effects { per_order, total, consistent: consistent == 1 })
+            }
+
+            async fn claims(&self, url: &str, t: &Tables) -> Result<Arc<dyn ClaimStore>> {
+                let ($self_, $url, $table) = (self, url, t.claims.as_str());
+                Ok(Arc::new($claims))
+            }
+
+            fn state_guard(orders: &str, machine: StateMachine) -> Result<$state> {
+                <$state>::new(orders, "order_id", "status", machine)
+            }
+
+            fn version_guard(orders: &str) -> Result<$version> {
+                <$version>::new(orders, "order_id", "version")
+            }
+
+            async fn record_order(tx: &mut $tx, t: &Tables, order_id: &str) -> Result<()> {
+                let ph: fn(usize) -> String = $ph;
+                sqlx::query(&format!("INSERT INTO {} (order_id) VALUES ({})", t.order_ids, ph(1)))
+                    .bind(order_id)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn transition(g: &$state, tx: &mut $tx, order_id: &str, to: &str) -> Result<Transition> {
+                g.transition(tx, order_id, to).await
+            }
+
+            async fn bump(g: &$version, tx: &mut $tx, order_id: &str, expected: i64) -> Result<Cas> {
+                g.bump(tx, order_id, expected).await
+            }
+
+            fn transactional_ack($bus: &Bus) -> Option<Arc<dyn TransactionalAck<$tx>>> {
+                $tx_ack
+            }
+
+            async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {
+                let ph: fn(usize) -> String = $ph;
+                let updated = sqlx::query(&format!(
+                    "UPDATE {} SET balance = balance + {} WHERE id = {}",
+                    t.accounts, ph(1), ph(2)
+                ))
+                .bind(p.amount)
+                .bind(p.account)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+                if updated == 0 {
+                    return Ok(false);
+                }
+                sqlx::query(&format!(
+                    "INSERT INTO {} (order_id, account, amount) VALUES ({}, {}, {})",
+                    t.ledger, ph(1), ph(2), ph(3)
+                ))
+                .bind(&p.order_id)
+                .bind(p.account)
+                .bind(p.amount)
+                .execute(&mut **tx)
+                .await?;
+                Ok(true)
+            }
+        }
+    };
+}
+
+fn question(_: usize) -> String {
+    "?".into()
+}
+
+fn dollar(n: usize) -> String {
+    format!("${n}")
+}
+
+bank!(
+    SqliteStore, SqliteStoreOptions, SqliteTx, state: SqliteStateGuard, version: SqliteVersionGuard, ph: question,
+    serial: "INTEGER PRIMARY KEY AUTOINCREMENT", ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+    claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
+    tx_ack: |_bus| None,
+);
+bank!(
+    PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, ph: dollar,
+    serial: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+    claims: |_s, url, table| PgClaimStore::open(url, table).await?,
+    tx_ack: |bus| match bus {
+        Bus::Pg(q) => Some(Arc::new(q.clone())),
+        _ => None,
+    },
+);
+bank!(
+    MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, ph: question,
+    serial: "BIGINT AUTO_INCREMENT PRIMARY KEY", ignore: ("INSERT IGNORE INTO", ""),
+    claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,
+    tx_ack: |_bus| None,
+);
 
 /// Rows per order id in `table` (the ledger, or the API's charges), and their total.
 async fn per_order(pool: &SqlitePool, table: &str) -> Result<(HashMap<String, u64>, u64)> {
@@ -339,24 +550,6 @@ pub(crate) struct Effects {
 }
 
 impl Effects {
-    /// Reads the ledger and balances.
-    pub(crate) async fn read(store: &SqliteStore) -> Result<Self> {
-        let pool = store.pool();
-        let (per_order, total) = per_order(pool, "jo_demo_ledger").await?;
-        let balances: i64 =
-            sqlx::query_scalar("SELECT COALESCE(SUM(balance), 0) FROM jo_demo_accounts")
-                .fetch_one(pool)
-                .await?;
-        let ledger: i64 = sqlx::query_scalar("SELECT COALESCE(SUM(amount), 0) FROM jo_demo_ledger")
-            .fetch_one(pool)
-            .await?;
-        Ok(Effects {
-            per_order,
-            total,
-            consistent: balances == ledger,
-        })
-    }
-
     /// `(lost, duplicate_effects)` over the expected order ids.
     pub(crate) fn check<'a>(&self, expected: impl IntoIterator<Item = &'a String>) -> (u64, u64) {
         let mut lost = 0;

@@ -11,20 +11,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use justonce::sql::SqliteStore;
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{
     async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Semantics,
 };
 
-use crate::orders::{self, PaymentHandler};
+use crate::orders::{Bank, PaymentHandler, Strategy, Tables};
 
 /// Arguments of `justonce worker`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct WorkerArgs {
-    /// Transport URL (sqlite:PATH or amqp://…).
+    /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
     #[arg(long, value_name = "URL")]
     transport: String,
-    /// Store URL (sqlite:PATH).
+    /// Store URL (sqlite:PATH, postgres://… or mysql://…).
     #[arg(long, value_name = "URL")]
     store: String,
     /// Queue name.
@@ -42,6 +42,12 @@ pub(crate) struct WorkerArgs {
     /// Lease of a delivery in milliseconds.
     #[arg(long, default_value_t = 1000)]
     lease_ms: u64,
+    /// Prefix of the business tables (`{prefix}_ledger`, …) and the dedup table.
+    #[arg(long, default_value = "jo_demo")]
+    tables: String,
+    /// Ack inside the business transaction (a PostgreSQL queue in the store's database).
+    #[arg(long)]
+    ack_in_transaction: bool,
     /// Exit 0 once the queue holds nothing (instead of waiting for SIGINT/SIGTERM).
     #[arg(long)]
     exit_when_drained: bool,
@@ -49,11 +55,20 @@ pub(crate) struct WorkerArgs {
 
 pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     crate::bus::Bus::scheme(&args.transport)?;
+    match crate::demo::store_scheme(&args.store)? {
+        "sqlite" => run_on::<SqliteStore>(args).await,
+        "postgres" => run_on::<PgStore>(args).await,
+        _ => run_on::<MySqlStore>(args).await,
+    }
+}
+
+async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch = (args.batch_size * 2).min(usize::from(u16::MAX)) as u16;
     let queue = crate::bus::Bus::open(&args.transport, &args.queue, lease, prefetch).await?;
-    let store = SqliteStore::open(&args.store).await?;
-    orders::setup(&store, false, &[]).await?;
+    let tables = Tables::new(&args.tables)?;
+    let store = B::open(&args.store, &tables).await?;
+    store.setup(&tables, &[]).await?;
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
     opts.batch_size = args.batch_size;
@@ -62,8 +77,13 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         opts,
         queue.source(),
         Arc::new(store),
-        PaymentHandler::default(),
+        PaymentHandler::<B>::new(tables, Strategy::DedupTable, false, None)?,
     )?;
+    if args.ack_in_transaction {
+        let acker = B::transactional_ack(&queue)
+            .context("--ack-in-transaction needs a postgres:// transport and store")?;
+        consumer = consumer.with_transactional_ack(acker);
+    }
     if let Some(hook) = PauseHook::from_env()? {
         consumer = consumer.with_fault_hook(Arc::new(hook));
     }

@@ -42,7 +42,7 @@ pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Seman
 pub use store::{
     validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,
 };
-pub use transport::{Publisher, Source};
+pub use transport::{Publisher, Source, TransactionalAck};
 pub use url::redact_url;
 
 /// Fails to compile if a seam trait stops being object-safe.

@@ -47,3 +47,19 @@ pub trait Publisher: Send + Sync {
     /// Publishes several messages; on success all of them are durable.
     async fn publish_batch(&self, messages: &[Message]) -> Result<()>;
 }
+
+/// A [`Source`] whose acks can be written in a store's transaction: the queue lives in the
+/// same database as the business data (the PostgreSQL queue with the PostgreSQL store).
+///
+/// The consumer then acks a batch *inside* the transaction that holds its effects: the
+/// deliveries are gone if and only if the effects committed. A crash between commit and ack,
+/// or a lost ack, cannot happen any more, so nothing is delivered again: exactly-once within
+/// that one database, as Kafka's transactions give inside Kafka. Duplicates published twice
+/// are still two rows; the dedup record absorbs them.
+#[async_trait]
+pub trait TransactionalAck<Tx>: Send + Sync {
+    /// Acks `receipts` inside `tx`. Fails with [`crate::ErrorKind::Busy`] when a receipt no
+    /// longer holds its delivery (its lease ran out and it was delivered again): the caller
+    /// must roll `tx` back, or the effect would be applied by two consumers.
+    async fn ack_in(&self, tx: &mut Tx, receipts: &[&Receipt]) -> Result<()>;
+}

@@ -29,6 +29,7 @@ mod guard;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod queue;
 mod sqlite;
 
 #[cfg(feature = "mysql")]
@@ -36,8 +37,12 @@ pub use mysql::{
     MySqlClaimStore, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
 };
 #[cfg(feature = "postgres")]
-pub use postgres::{PgClaimStore, PgStateGuard, PgStore, PgStoreOptions, PgTx, PgVersionGuard};
+pub use postgres::{
+    PgClaimStore, PgQueue, PgQueueOptions, PgStateGuard, PgStore, PgStoreOptions, PgTx,
+    PgVersionGuard,
+};
+pub use queue::{DeadLetter, QueueStats};
 pub use sqlite::{
-    DeadLetter, QueueStats, SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard,
-    SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
+    SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard, SqliteStore,
+    SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };

@@ -63,7 +63,7 @@ pub use justonce_core::{
     canonical_json, conformance, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,
     ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
     ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher, Receipt,
-    Result, Semantics, Source, StateMachine, Store, Transition,
+    Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 

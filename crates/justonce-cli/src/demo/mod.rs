@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use justonce::sql::{SqliteClaimStore, SqliteStore};
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Semantics};
 
 use crate::bus::Bus;
-use crate::orders::{self, Effects, PaymentApi, PaymentHandler, Strategy};
+use crate::orders::{Bank, PaymentApi, PaymentHandler, Strategy, Tables};
 pub(crate) use plan::IdStrategy;
 use plan::{Plan, PlanFaults};
-use report::{Report, Row};
+use report::{Report, Row, EXACTLY_ONCE};
 
 /// Arguments of `justonce demo`.
 #[derive(Debug, clap::Args)]
@@ -43,9 +43,11 @@ pub(crate) struct DemoArgs {
     /// Deliveries per consumer batch (one transaction per batch).
     #[arg(long, default_value_t = 100)]
     batch_size: usize,
-    /// Batches processed at the same time.
-    #[arg(long, default_value_t = 2)]
-    concurrency: usize,
+    /// Batches processed at the same time (default: 2 on SQLite, 1 on PostgreSQL and
+    /// MariaDB, where two batches paying into the same 100 accounts in random order would
+    /// deadlock each other; the runtime survives that by retrying the batch, slowly).
+    #[arg(long)]
+    concurrency: Option<usize>,
     /// Lease of a delivery: how soon a crashed consumer's deliveries come back.
     #[arg(long, default_value_t = 500)]
     lease_ms: u64,
@@ -57,10 +59,54 @@ pub(crate) struct DemoArgs {
     json: bool,
 }
 
-/// Where one semantic's run keeps its queue and business data.
+/// Where one row's run keeps its queue and business data.
 struct Target {
     transport: String,
     store: String,
+}
+
+/// One row of the demo: a semantic, and whether the ack is written in the business
+/// transaction (the fourth row, on a PostgreSQL queue in the store's database).
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    semantics: Semantics,
+    ack_in_tx: bool,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        if self.ack_in_tx {
+            EXACTLY_ONCE
+        } else {
+            self.semantics.as_str()
+        }
+    }
+
+    /// For queue, consumer and table names.
+    fn slug(self) -> &'static str {
+        if self.ack_in_tx {
+            "exactly-once"
+        } else {
+            self.semantics.as_str()
+        }
+    }
+}
+
+/// The backend name of a store URL, or an error naming what is supported.
+pub(crate) fn store_scheme(url: &str) -> anyhow::Result<&'static str> {
+    if url.starts_with("sqlite:") {
+        Ok("sqlite")
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok("postgres")
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok("mysql")
+    } else {
+        let scheme = url.split(':').next().unwrap_or_default();
+        bail!(
+            "the {scheme} store is not supported: use sqlite:PATH (the embedded default), \
+             postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB (MariaDB)"
+        )
+    }
 }
 
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -71,15 +117,10 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         Some(url) => Bus::scheme(url)?,
         None => "sqlite",
     };
-    if let Some(url) = &args.store {
-        if !url.starts_with("sqlite:") {
-            let scheme = url.split(':').next().unwrap_or_default();
-            bail!(
-                "the {scheme} store is not built yet: use sqlite:PATH (the embedded default); \
-                 PostgreSQL and MariaDB stores are on the roadmap in README.md"
-            );
-        }
-    }
+    let store = match &args.store {
+        Some(url) => store_scheme(url)?,
+        None => "sqlite",
+    };
     let tmp = tempfile::Builder::new()
         .prefix("justonce-demo-")
         .tempdir()?;
@@ -89,14 +130,28 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         messages: args.messages,
         seed: args.seed,
         transport: transport.into(),
-        store: "sqlite".into(),
+        store: store.into(),
         strategy: args.strategy.as_str().into(),
         id_strategy: args.id_strategy.as_str().into(),
         faults: plan.planned(),
         rows: Vec::new(),
     };
-    for semantics in Semantics::ALL {
-        let dir: PathBuf = tmp.path().join(semantics.as_str());
+    let mut variants: Vec<Variant> = Semantics::ALL
+        .into_iter()
+        .map(|semantics| Variant {
+            semantics,
+            ack_in_tx: false,
+        })
+        .collect();
+    // The queue and the business data in one database: the ack can join the transaction.
+    if transport == "postgres" && args.transport == args.store {
+        variants.push(Variant {
+            semantics: Semantics::EffectivelyOnce,
+            ack_in_tx: true,
+        });
+    }
+    for variant in variants {
+        let dir: PathBuf = tmp.path().join(variant.slug());
         std::fs::create_dir_all(&dir)?;
         let target = Target {
             transport: args
@@ -108,9 +163,12 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display())),
         };
-        let row = run_one(&args, &plan, semantics, &target, &dir, &run_id)
-            .await
-            .with_context(|| format!("the {semantics} run failed"))?;
+        let row = match store {
+            "sqlite" => run_one::<SqliteStore>(&args, &plan, variant, &target, &dir, &run_id).await,
+            "postgres" => run_one::<PgStore>(&args, &plan, variant, &target, &dir, &run_id).await,
+            _ => run_one::<MySqlStore>(&args, &plan, variant, &target, &dir, &run_id).await,
+        }
+        .with_context(|| format!("the {} run failed", variant.name()))?;
         report.rows.push(row);
     }
     if args.json {
@@ -121,21 +179,28 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_one(
+async fn run_one<B: Bank>(
     args: &DemoArgs,
     plan: &Arc<Plan>,
-    semantics: Semantics,
+    variant: Variant,
     target: &Target,
     dir: &std::path::Path,
     run_id: &str,
 ) -> anyhow::Result<Row> {
-    let queue_name = format!("justonce-demo-{}-{run_id}", semantics.as_str());
+    let semantics = variant.semantics;
+    let queue_name = format!("justonce-demo-{}-{run_id}", variant.slug());
     let lease = Duration::from_millis(args.lease_ms);
-    let prefetch = (args.batch_size * args.concurrency * 2).min(u16::MAX as usize) as u16;
+    let prefetch =
+        (args.batch_size * args.concurrency.unwrap_or(2) * 2).min(u16::MAX as usize) as u16;
     let bus = Bus::open(&target.transport, &queue_name, lease, prefetch).await?;
-    let store = SqliteStore::open(&target.store).await?;
+    // Each row has tables of its own: on a shared server, runs and rows never meet.
+    let tables = Tables::new(&format!(
+        "jo_demo_{run_id}_{}",
+        variant.slug().replace('-', "_")
+    ))?;
+    let store = B::open(&target.store, &tables).await?;
     let order_ids: Vec<&str> = plan.orders.iter().map(|o| o.order_id.as_str()).collect();
-    orders::setup(&store, true, &order_ids).await?;
+    store.setup(&tables, &order_ids).await?;
     let sqlite_in = |file: &str| format!("sqlite:{}", dir.join(file).display());
     let api = match args.strategy {
         Strategy::Claim => Some(PaymentApi::open(&sqlite_in("payment-api.db")).await?),
@@ -143,27 +208,38 @@ async fn run_one(
     };
 
     let guarded = semantics == Semantics::EffectivelyOnce;
-    let handler = PaymentHandler::new(args.strategy, guarded, api.clone())?;
+    let handler = PaymentHandler::<B>::new(tables.clone(), args.strategy, guarded, api.clone())?;
+    let runs = handler.runs();
     let faults = Arc::new(PlanFaults::new(plan.clone(), bus.clone()));
-    let mut opts = ConsumerOptions::new(format!("demo-{run_id}"));
+    let mut opts = ConsumerOptions::new(format!("demo-{run_id}-{}", variant.slug()));
     opts.semantics = semantics;
     opts.idempotency = args.strategy.idempotency();
     opts.id_strategy = args.id_strategy.consumer();
     opts.claim_lease = Duration::from_millis(args.lease_ms);
     opts.batch_size = args.batch_size;
-    opts.concurrency = args.concurrency;
+    opts.concurrency = args.concurrency.unwrap_or(match B::backend(&store) {
+        "sqlite" => 2,
+        _ => 1,
+    });
     opts.seed = args.seed;
     opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
-    let mut consumer =
-        Consumer::with_shared(opts, bus.source(), Arc::new(store.clone()), handler.clone())?
-            .with_fault_hook(faults.clone());
+    let mut consumer = Consumer::with_shared(opts, bus.source(), Arc::new(store.clone()), handler)?
+        .with_fault_hook(faults.clone());
     if args.strategy == Strategy::Claim {
-        let claims = SqliteClaimStore::open(&sqlite_in("claims.db")).await?;
-        consumer = consumer.with_claims(Arc::new(claims));
+        let url = match B::backend(&store) {
+            "sqlite" => sqlite_in("claims.db"),
+            _ => target.store.clone(),
+        };
+        consumer = consumer.with_claims(store.claims(&url, &tables).await?);
+    }
+    if variant.ack_in_tx {
+        let acker = B::transactional_ack(&bus)
+            .context("the transport cannot ack inside this store's transactions")?;
+        consumer = consumer.with_transactional_ack(acker);
     }
 
-    let bar = progress_bar(args.json, plan.orders.len() as u64, semantics);
+    let bar = progress_bar(args.json, plan.orders.len() as u64, variant.name());
     let started = Instant::now();
     let published = Arc::new(AtomicU64::new(0));
     let publisher = tokio::spawn(publish_all(
@@ -189,7 +265,7 @@ async fn run_one(
             let (effects, calls) = api.effects().await?;
             (effects, Some(calls))
         }
-        None => (Effects::read(&store).await?, None),
+        None => (store.effects(&tables).await?, None),
     };
     if !effects.consistent {
         bail!("account balances do not add up to the ledger: a transaction was not atomic");
@@ -198,11 +274,14 @@ async fn run_one(
     let deliveries = bus.deliveries().await?;
     let dead_lettered = bus.dead_lettered().await?;
     bus.cleanup().await?;
+    if B::backend(&store) != "sqlite" {
+        store.drop_tables(&tables).await?;
+    }
     Ok(Row {
-        semantics: semantics.as_str().into(),
+        semantics: variant.name().into(),
         sent,
         deliveries,
-        handler_runs: handler.runs(),
+        handler_runs: runs.load(Ordering::Relaxed),
         effects: effects.total,
         lost,
         duplicate_effects,
@@ -281,7 +360,7 @@ async fn wait_drained(
     }
 }
 
-fn progress_bar(quiet: bool, total: u64, semantics: Semantics) -> ProgressBar {
+fn progress_bar(quiet: bool, total: u64, name: &'static str) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
@@ -291,6 +370,6 @@ fn progress_bar(quiet: bool, total: u64, semantics: Semantics) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    bar.set_prefix(semantics.as_str());
+    bar.set_prefix(name);
     bar
 }

@@ -1,7 +1,8 @@
-//! PostgreSQL: the dedup and claim stores, in your business database.
+//! PostgreSQL: the queue, and the dedup and claim stores, in your business database.
 
 mod claims;
 mod guard;
+mod queue;
 mod store;
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use sqlx::PgPool;
 
 pub use claims::PgClaimStore;
 pub use guard::{PgStateGuard, PgVersionGuard};
+pub use queue::{PgQueue, PgQueueOptions};
 pub use store::{PgStore, PgStoreOptions, PgTx};
 
 /// Serialises schema creation: concurrent `CREATE TABLE IF NOT EXISTS` of one table can

@@ -14,7 +14,7 @@ use sqlx::SqlitePool;
 
 pub use claims::SqliteClaimStore;
 pub use guard::{SqliteStateGuard, SqliteVersionGuard};
-pub use queue::{DeadLetter, QueueStats, SqliteQueue, SqliteQueueOptions};
+pub use queue::{SqliteQueue, SqliteQueueOptions};
 pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 
 /// The database clock in milliseconds since the Unix epoch, as an SQL expression.

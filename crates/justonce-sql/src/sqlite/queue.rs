@@ -3,14 +3,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use justonce_core::{
-    DeadLetterReason, Delivery, Error, Headers, Message, MessageId, Publisher, Receipt, Result,
-    Source,
+    DeadLetterReason, Delivery, Error, Message, MessageId, Publisher, Receipt, Result, Source,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{connect, NOW_MS};
+use crate::queue::{dead_letter, message_from_row, DeadLetter, QueueStats};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_queue (
@@ -101,29 +101,6 @@ pub struct SqliteQueue {
     notify: Arc<Notify>,
 }
 
-/// Counts read from the queue's own tables.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueStats {
-    /// Messages not yet acked or dead-lettered (ready, delayed or leased).
-    pub pending: u64,
-    /// Rows in the dead-letter table for this queue.
-    pub dead_letters: u64,
-    /// Deliveries made, redeliveries included.
-    pub deliveries: u64,
-    /// Deliveries of a message that had been delivered before.
-    pub redeliveries: u64,
-}
-
-/// A dead-lettered message and why.
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    /// The message, with the reason headers added.
-    pub message: Message,
-    /// Why it was dead-lettered.
-    pub reason: DeadLetterReason,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Token {
     seq: i64,
@@ -197,10 +174,7 @@ impl SqliteQueue {
                     source_queue: self.queue.clone(),
                     consumer: r.get("consumer"),
                 };
-                let mut headers = message.headers().clone();
-                headers.extend(reason.to_headers());
-                let message = message.with_headers(headers);
-                Ok(DeadLetter { message, reason })
+                Ok(dead_letter(message, reason))
             })
             .collect()
     }
@@ -251,16 +225,12 @@ impl SqliteQueue {
 }
 
 fn row_message(r: &sqlx::sqlite::SqliteRow) -> Result<Message> {
-    let id: Option<String> = r.get("message_id");
-    let headers: String = r.get("headers");
-    let headers: Headers = serde_json::from_str(&headers).unwrap_or_default();
-    let mut m = Message::new(r.get::<Vec<u8>, _>("payload"))
-        .with_message_id(id.and_then(|s| MessageId::new(s).ok()))
-        .with_headers(headers);
-    if let Some(ct) = r.get::<Option<String>, _>("content_type") {
-        m = m.with_content_type(ct);
-    }
-    Ok(m)
+    Ok(message_from_row(
+        r.get("message_id"),
+        r.get("payload"),
+        r.get::<&str, _>("headers"),
+        r.get("content_type"),
+    ))
 }
 
 fn token(receipt: &Receipt) -> Result<Token> {

@@ -8,3 +8,179 @@ crate::backend::backend_tests! {
     bad_url: "postgres://app:s3cret@127.0.0.1:1/test",
     shown: "postgres://app:***@127.0.0.1:1/test",
 }
+
+mod queue {
+    use std::time::{Duration, Instant};
+
+    use justonce_core::conformance::{self, unique_name};
+    use justonce_core::{
+        DeadLetterReason, ErrorKind, Message, Publisher, Source, Store, TransactionalAck,
+    };
+    use justonce_sql::{PgQueue, PgQueueOptions, PgStore};
+
+    fn url() -> Option<String> {
+        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+            std::env::var("JUSTONCE_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+        })
+    }
+
+    async fn open(url: &str, name: &str, lease: Duration, poll: Duration) -> PgQueue {
+        let mut o = PgQueueOptions::default();
+        o.lease = lease;
+        o.poll_interval = poll;
+        PgQueue::open_with(url, name, o).await.unwrap()
+    }
+
+    fn msg(id: &str) -> Message {
+        Message::new(format!("payload {id}")).with_id(id).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_queue_keeps_the_queue_contract() {
+        let Some(url) = url() else { return };
+        let lease = Duration::from_millis(300);
+        let q = open(&url, &unique_name("jo-pgq"), lease, Duration::from_secs(1)).await;
+        conformance::queue(&q, lease, "pg").await;
+        let stats = q.stats().await.unwrap();
+        assert_eq!(stats.pending, 0);
+        assert_eq!(stats.dead_letters, 1);
+        assert_eq!(
+            stats.deliveries, 6,
+            "3 first deliveries, c twice more, b once more"
+        );
+        assert_eq!(stats.redeliveries, 3);
+        let dead = q.dead_letters().await.unwrap();
+        assert_eq!(dead[0].reason.error, "invalid input: test");
+        let header = dead[0].message.headers().get(DeadLetterReason::ERROR);
+        assert_eq!(header.map(String::as_str), Some("invalid input: test"));
+        q.delete().await.unwrap();
+    }
+
+    /// A receiver whose fallback poll is a minute away is woken by a publish from another
+    /// process's pool, through LISTEN/NOTIFY.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_publish_wakes_a_waiting_receiver() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-pgq-wake");
+        let minute = Duration::from_secs(60);
+        let receiver = open(&url, &name, minute, minute).await;
+        let publisher = open(&url, &name, minute, minute).await;
+        let waiting = tokio::spawn(async move {
+            let started = Instant::now();
+            let got = receiver.receive(10, minute).await.unwrap();
+            (got.len(), started.elapsed(), receiver)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        publisher.publish(&msg("wake-1")).await.unwrap();
+        let (got, waited, receiver) = waiting.await.unwrap();
+        assert_eq!(got, 1);
+        assert!(
+            waited < Duration::from_secs(20),
+            "woken by the notification, not the 60 s poll: waited {waited:?}"
+        );
+        receiver.delete().await.unwrap();
+    }
+
+    /// Two receivers at once never get the same row (`FOR UPDATE SKIP LOCKED`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_receivers_split_the_rows() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-pgq-split");
+        let a = open(
+            &url,
+            &name,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+        )
+        .await;
+        let b = open(
+            &url,
+            &name,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+        )
+        .await;
+        let messages: Vec<Message> = (0..400).map(|i| msg(&format!("split-{i}"))).collect();
+        a.publish_batch(&messages).await.unwrap();
+        let take = |q: PgQueue| {
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                loop {
+                    let got = q.receive(7, Duration::from_millis(200)).await.unwrap();
+                    if got.is_empty() {
+                        return ids;
+                    }
+                    ids.extend(
+                        got.iter()
+                            .map(|d| d.message.id().unwrap().as_str().to_owned()),
+                    );
+                }
+            })
+        };
+        let (ta, tb) = (take(a.clone()), take(b));
+        let (ia, ib) = (ta.await.unwrap(), tb.await.unwrap());
+        let mut all: Vec<_> = ia.iter().chain(&ib).cloned().collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(ia.len() + ib.len(), 400, "each row delivered once");
+        assert_eq!(all.len(), 400);
+        a.delete().await.unwrap();
+    }
+
+    /// The ack in the business transaction: gone if and only if the transaction commits, and
+    /// refused when the lease has moved on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ack_in_the_transaction_commits_with_it() {
+        let Some(url) = url() else { return };
+        let lease = Duration::from_millis(300);
+        let q = open(
+            &url,
+            &unique_name("jo-pgq-txack"),
+            lease,
+            Duration::from_millis(100),
+        )
+        .await;
+        let store = PgStore::open(&url).await.unwrap();
+        q.publish_batch(&[msg("tx-1"), msg("tx-2")]).await.unwrap();
+        let got = q.receive(10, Duration::from_secs(2)).await.unwrap();
+        assert_eq!(got.len(), 2);
+
+        // Rolled back: the ack is undone with it.
+        let mut tx = store.begin().await.unwrap();
+        q.ack_in(&mut tx, &[&got[0].receipt]).await.unwrap();
+        store.rollback(tx).await.unwrap();
+        assert_eq!(q.stats().await.unwrap().pending, 2);
+
+        // Committed: gone.
+        let mut tx = store.begin().await.unwrap();
+        q.ack_in(&mut tx, &[&got[0].receipt]).await.unwrap();
+        store.commit(tx).await.unwrap();
+        assert_eq!(q.stats().await.unwrap().pending, 1);
+
+        // tx-2's lease runs out and it is delivered again: the old receipt cannot ack it.
+        let again = q.receive(10, lease * 4).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].attempt, 2);
+        let mut tx = store.begin().await.unwrap();
+        let err = q.ack_in(&mut tx, &[&got[1].receipt]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+        store.rollback(tx).await.unwrap();
+        q.ack(&[&again[0].receipt]).await.unwrap();
+        assert_eq!(q.stats().await.unwrap().pending, 0);
+        q.delete().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_wrong_url_is_a_clear_error() {
+        let err = PgQueue::open("postgres://app:s3cret@127.0.0.1:1/test", "q")
+            .await
+            .unwrap_err();
+        let text = err.to_chain_string();
+        assert_eq!(err.kind(), ErrorKind::Connect, "{text}");
+        assert!(
+            text.contains("postgres://app:***@127.0.0.1:1/test") && !text.contains("s3cret"),
+            "{text}"
+        );
+    }
+}

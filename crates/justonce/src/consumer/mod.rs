@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use justonce_core::{
     Claim, ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition,
-    Error, ErrorKind, ExponentialBackoff, Fingerprint, Finish, MessageId, Result, Semantics,
-    Source,
+    Error, ErrorKind, ExponentialBackoff, Fingerprint, Finish, MessageId, Receipt, Result,
+    Semantics, Source, TransactionalAck,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -68,6 +68,7 @@ struct Inner<S: DedupStore, H> {
     backoff: ExponentialBackoff,
     faults: Option<Arc<dyn FaultHook>>,
     claims: Option<Arc<dyn ClaimStore>>,
+    tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
 }
 
 /// What happened to one batch.
@@ -104,6 +105,10 @@ struct Slot {
 enum Settle {
     Pending,
     Ack {
+        duplicate: bool,
+    },
+    /// Acked inside the batch's transaction ([`Consumer::with_transactional_ack`]).
+    AckedInTx {
         duplicate: bool,
     },
     Nack(Duration),
@@ -166,6 +171,7 @@ where
                 backoff,
                 faults: None,
                 claims: None,
+                tx_ack: None,
             }),
         })
     }
@@ -178,6 +184,36 @@ where
     /// Sets the claim store that [`Idempotency::Claim`] takes its claims in. Call before running.
     pub fn with_claims(self, claims: Arc<dyn ClaimStore>) -> Self {
         self.modify(|inner| inner.claims = Some(claims))
+    }
+
+    /// Acks each batch inside its own transaction, through `acker`: the queue lives in the
+    /// store's database (the PostgreSQL queue with the PostgreSQL store), so a delivery is
+    /// gone if and only if its effects committed. No crash between commit and ack, no lost
+    /// ack, hence no redelivery: exactly-once within that database. Keep effectively-once
+    /// semantics with it: the dedup record still absorbs messages *published* twice.
+    ///
+    /// Dead letters and retries are still settled after the commit. Refused (at run time)
+    /// with at-most-once, which acks before the transaction begins. Call before running.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result, async_trait};
+    /// # use justonce::sql::{PgQueue, PgStore, PgTx};
+    /// # struct MyHandler;
+    /// # #[async_trait] impl Handler<PgTx> for MyHandler {
+    /// #     async fn handle(&self, _: &Context<'_>, _: &mut PgTx) -> Result<Disposition> { Ok(Disposition::Ok) }
+    /// # }
+    /// # async fn run() -> Result<()> {
+    /// let url = "postgres://app@127.0.0.1:5432/shop";
+    /// let queue = PgQueue::open(url, "orders").await?;
+    /// let store = PgStore::open(url).await?;
+    /// let consumer = Consumer::new(ConsumerOptions::new("billing"), queue.clone(), store, MyHandler)?
+    ///     .with_transactional_ack(Arc::new(queue));
+    /// consumer.run_until(justonce::shutdown_signal()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_transactional_ack(self, acker: Arc<dyn TransactionalAck<S::Tx>>) -> Self {
+        self.modify(|inner| inner.tx_ack = Some(acker))
     }
 
     fn modify(mut self, f: impl FnOnce(&mut Inner<S, H>)) -> Self {
@@ -193,6 +229,12 @@ where
         if self.inner.effectively_once(Idempotency::Claim) && self.inner.claims.is_none() {
             return Err(Error::config(
                 "idempotency Claim needs a claim store: call Consumer::with_claims before running",
+            ));
+        }
+        if self.inner.tx_ack.is_some() && self.inner.opts.semantics == Semantics::AtMostOnce {
+            return Err(Error::config(
+                "a transactional ack needs at-least-once or effectively-once semantics: \
+                 at-most-once acks before the transaction begins",
             ));
         }
         Ok(())
@@ -521,7 +563,7 @@ where
                 consumer: &self.opts.name,
                 message_id: id,
             };
-            let finish = if matches!(slot.settle, Settle::Ack { .. }) {
+            let finish = if matches!(slot.settle, Settle::Ack { .. } | Settle::AckedInTx { .. }) {
                 Finish::Complete(result.as_deref())
             } else {
                 Finish::Release
@@ -629,6 +671,10 @@ where
             };
         }
 
+        if let Some(acker) = &self.tx_ack {
+            self.ack_in_tx(acker.as_ref(), &mut tx, batch, &mut slots)
+                .await?;
+        }
         if self.crash_at(FaultPoint::BeforeCommit, batch, &slots).await {
             report.crashed = true;
             return Ok(report); // the transaction is dropped: rolled back
@@ -643,6 +689,33 @@ where
         }
         self.settle(batch, slots, &mut report).await?;
         Ok(report)
+    }
+
+    /// Acks the batch's acked deliveries in `tx`; a delivery whose lease ran out fails the
+    /// whole batch (its transaction is dropped, so nothing of it commits).
+    async fn ack_in_tx(
+        &self,
+        acker: &dyn TransactionalAck<S::Tx>,
+        tx: &mut S::Tx,
+        batch: &[Delivery],
+        slots: &mut [Slot],
+    ) -> Result<()> {
+        let receipts: Vec<&Receipt> = batch
+            .iter()
+            .zip(slots.iter())
+            .filter(|(_, s)| matches!(s.settle, Settle::Ack { .. }))
+            .map(|(d, _)| &d.receipt)
+            .collect();
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        acker.ack_in(tx, &receipts).await?;
+        for slot in slots {
+            if let Settle::Ack { duplicate } = slot.settle {
+                slot.settle = Settle::AckedInTx { duplicate };
+            }
+        }
+        Ok(())
     }
 
     async fn handle_one(
@@ -680,6 +753,14 @@ where
             {
                 Disposition::Duplicate
             }
+            // A deadlock or serialization failure is the transaction's, not the message's:
+            // rolling back to the savepoint keeps the locks of the batch's earlier messages,
+            // so the conflict would repeat for every message after it. Fail the batch: it
+            // rolls back whole, goes back to the queue, and the worker retries after a pause.
+            // At the attempt limit the message is retried (and dead-lettered) alone instead.
+            Err(e) if e.kind() == ErrorKind::Busy && d.attempt < self.opts.max_attempts => {
+                return Err(e);
+            }
             Err(e) => Disposition::from_error(&e),
         })
     }
@@ -699,6 +780,10 @@ where
                     if !lost {
                         acks.push(&d.receipt);
                     }
+                }
+                Settle::AckedInTx { duplicate } => {
+                    report.duplicates += usize::from(duplicate);
+                    report.acked += 1;
                 }
                 Settle::Nack(delay) => {
                     report.retried += 1;
