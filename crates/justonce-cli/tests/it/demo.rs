@@ -162,13 +162,13 @@ fn a_backend_that_is_not_built_is_a_clear_error() {
     assert!(err.contains("the nats transport is not built yet"), "{err}");
     let out = demo(&[
         "--store",
-        "postgres://app:s3cret@127.0.0.1/test",
+        "redis://app:s3cret@127.0.0.1/0",
         "--messages",
         "10",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("the postgres store is not built yet"), "{err}");
+    assert!(err.contains("the redis store is not supported"), "{err}");
     assert!(
         !err.contains("s3cret"),
         "credentials are never printed: {err}"
@@ -243,5 +243,124 @@ fn ids_derived_by_the_consumer_survive_a_producer_that_regenerates_them() {
         );
         assert_eq!(n(eo, "lost"), 0, "{ids}: {eo}");
         assert_eq!(n(eo, "duplicate_effects"), 0, "{ids}: {eo}");
+    }
+}
+
+fn postgres_url() -> Option<String> {
+    justonce::conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+        std::env::var("JUSTONCE_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    })
+}
+
+fn mysql_url() -> Option<String> {
+    justonce::conformance::service_available("MariaDB", "127.0.0.1:3306").then(|| {
+        std::env::var("JUSTONCE_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    })
+}
+
+fn amqp_url() -> Option<String> {
+    justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672").then(|| {
+        std::env::var("JUSTONCE_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    })
+}
+
+/// Asserts the effectively-once contract on one row: nothing lost, nothing applied twice,
+/// redeliveries happened, the poison dead-lettered.
+fn assert_once(r: &Value, semantics: &str) {
+    let poison = n(&r["faults"], "poison");
+    let row = row(r, semantics);
+    assert_eq!(n(row, "lost"), 0, "{semantics}: {row}");
+    assert_eq!(n(row, "duplicate_effects"), 0, "{semantics}: {row}");
+    assert!(
+        n(row, "deliveries") > n(row, "sent"),
+        "{semantics}: redeliveries happened: {row}"
+    );
+    assert_eq!(n(row, "dead_lettered"), poison, "{semantics}: {row}");
+    assert_eq!(
+        n(row, "effects"),
+        n(row, "sent") - poison,
+        "{semantics}: {row}"
+    );
+}
+
+#[test]
+fn a_postgres_queue_and_store_add_exactly_once_in_one_database() {
+    let Some(pg) = postgres_url() else { return };
+    let r = json_demo(&[
+        "--transport",
+        &pg,
+        "--store",
+        &pg,
+        "--messages",
+        "2000",
+        "--seed",
+        "1",
+    ]);
+    assert_eq!(r["transport"], "postgres");
+    assert_eq!(r["store"], "postgres");
+    let names: Vec<_> = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["semantics"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "at-most-once",
+            "at-least-once",
+            "effectively-once",
+            "exactly-once (same database)"
+        ]
+    );
+    assert_once(&r, "effectively-once");
+    assert_once(&r, "exactly-once (same database)");
+    let alo = row(&r, "at-least-once");
+    assert!(n(alo, "duplicate_effects") > 0, "{alo}");
+    assert!(n(row(&r, "at-most-once"), "lost") > 0);
+    // The ack in the transaction removes the redeliveries of commits whose ack was lost.
+    let eo = row(&r, "effectively-once");
+    let xo = row(&r, "exactly-once (same database)");
+    assert!(n(xo, "deliveries") < n(eo, "deliveries"), "{xo} vs {eo}");
+}
+
+#[test]
+fn rabbitmq_with_a_postgres_or_mariadb_store_applies_every_order_once() {
+    let Some(amqp) = amqp_url() else { return };
+    for store in [postgres_url(), mysql_url()].into_iter().flatten() {
+        let r = json_demo(&[
+            "--transport",
+            &amqp,
+            "--store",
+            &store,
+            "--messages",
+            "2000",
+        ]);
+        assert_once(&r, "effectively-once");
+        assert!(
+            n(row(&r, "at-least-once"), "duplicate_effects") > 0,
+            "{store}"
+        );
+    }
+}
+
+#[test]
+fn every_strategy_keeps_effectively_once_on_postgres_and_mariadb() {
+    for store in [postgres_url(), mysql_url()].into_iter().flatten() {
+        for strategy in ["unique-key", "state-machine", "version", "claim"] {
+            let r = json_demo(&[
+                "--store",
+                &store,
+                "--messages",
+                "1000",
+                "--strategy",
+                strategy,
+            ]);
+            assert_eq!(r["strategy"], strategy);
+            assert_once(&r, "effectively-once");
+        }
     }
 }
