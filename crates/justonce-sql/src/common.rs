@@ -5,11 +5,13 @@
 use justonce_core::{Claim, Fingerprint};
 
 /// The dedup store's statements. Parameters, in order:
+/// - `lock` (optional, run before `claim` in the same transaction): consumer, message id;
 /// - `claim`: consumer, message id, fingerprint (the time comes from the database clock);
 /// - `fingerprint`: consumer, message id;
 /// - `purge`: retention in milliseconds, batch size.
 #[derive(Debug)]
 pub(crate) struct DedupSql {
+    pub(crate) lock: Option<String>,
     pub(crate) claim: String,
     pub(crate) fingerprint: String,
     pub(crate) purge: String,
@@ -46,9 +48,10 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 }
 
 /// `Store` and `DedupStore` for a struct with fields `pool` and `sql: Arc<DedupSql>`.
-/// `begin:` is the pool call that opens a transaction.
+/// `begin:` is the pool call that opens a transaction; `purge:` names an inherent method
+/// `(retention, batch) -> Result<u64>` replacing the batched delete of `sql.purge`.
 macro_rules! impl_dedup_store {
-    ($store:ty, $tx:ty, $backend:literal, begin: $($begin:tt)+) => {
+    ($store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? ) $(, purge: $purge:ident)?) => {
         #[async_trait::async_trait]
         impl justonce_core::Store for $store {
             type Tx = $tx;
@@ -58,7 +61,7 @@ macro_rules! impl_dedup_store {
             }
 
             async fn begin(&self) -> justonce_core::Result<$tx> {
-                Ok(self.pool.$($begin)+.await?)
+                Ok(self.pool.$begin($($arg)?).await?)
             }
 
             async fn commit(&self, tx: $tx) -> justonce_core::Result<()> {
@@ -95,6 +98,13 @@ macro_rules! impl_dedup_store {
                 key: justonce_core::DedupKey<'_>,
                 fp: justonce_core::Fingerprint,
             ) -> justonce_core::Result<justonce_core::Claim> {
+                if let Some(lock) = &self.sql.lock {
+                    sqlx::query(lock)
+                        .bind(key.consumer)
+                        .bind(key.message_id.as_str())
+                        .execute(&mut **tx)
+                        .await?;
+                }
                 let inserted = sqlx::query(&self.sql.claim)
                     .bind(key.consumer)
                     .bind(key.message_id.as_str())
@@ -114,6 +124,8 @@ macro_rules! impl_dedup_store {
             }
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
+                $(return self.$purge(retention, batch).await;)?
+                #[allow(unreachable_code)]
                 Ok(sqlx::query(&self.sql.purge)
                     .bind(retention.as_millis() as i64)
                     .bind(i64::from(batch))

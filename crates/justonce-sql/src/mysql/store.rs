@@ -73,6 +73,7 @@ impl MySqlStore {
         .execute(&pool)
         .await?;
         let sql = DedupSql {
+            lock: None,
             claim: format!(
                 "INSERT IGNORE INTO {t} (consumer, message_id, fingerprint, processed_at)
                  VALUES (?, ?, ?, NOW(6))"

@@ -75,6 +75,7 @@ impl SqliteStore {
         let pool = connect(url, true, opts.max_connections).await?;
         sqlx::raw_sql(&schema(table)).execute(&pool).await?;
         let sql = DedupSql {
+            lock: None,
             claim: format!(
                 "INSERT INTO {table} (consumer, message_id, fingerprint, processed_at)
                  VALUES (?, ?, ?, {NOW_MS}) ON CONFLICT (consumer, message_id) DO NOTHING"

@@ -140,6 +140,22 @@ macro_rules! backend_tests {
             drop_tables(&store, &[&orders, &accounts]).await;
         }
 
+        /// A purge running during a consume: while a consumer's transaction stays open and
+        /// the purge deletes thousands of old records, other claims commit at once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_purge_never_blocks_claims() {
+            let Some(url) = url() else { return };
+            let mut opts = $options::default();
+            opts.dedup_table = unique("jo_dedup_purge");
+            let table = opts.dedup_table.clone();
+            let store = Arc::new($store::open_with(&url, opts).await.unwrap());
+            crate::backend::purge_beside_claims(store.clone(), &table, |t| {
+                format!("UPDATE {t} SET processed_at = processed_at - INTERVAL '3' DAY")
+            })
+            .await;
+            drop_tables(&store, &[&table]).await;
+        }
+
         #[tokio::test]
         async fn a_wrong_url_says_what_to_do_without_the_password() {
             let e = $store::open($wrong).await.unwrap_err();
@@ -157,3 +173,117 @@ macro_rules! backend_tests {
 }
 
 pub(crate) use backend_tests;
+
+/// Claims `OLD` keys and ages them with `backdate(table)`, then purges them (retention one
+/// day, batches of 500) while a consumer's transaction holds a fresh claim open, and checks
+/// that 50 other claims commit meanwhile, each within a few seconds.
+pub(crate) async fn purge_beside_claims<S>(
+    store: std::sync::Arc<S>,
+    table: &str,
+    backdate: impl Fn(&str) -> String,
+) where
+    S: justonce_core::DedupStore + HasPool,
+{
+    use justonce_core::{Claim, DedupKey, Fingerprint, MessageId};
+    use std::time::Duration;
+    const OLD: usize = 3000;
+    let fp = Fingerprint::of(b"p");
+    let consumer = "purge-test";
+    let key = |i: usize| MessageId::new(format!("m-{i}")).unwrap();
+    for chunk in (0..OLD).collect::<Vec<_>>().chunks(500) {
+        let mut tx = store.begin().await.unwrap();
+        for &i in chunk {
+            let id = key(i);
+            let k = DedupKey {
+                consumer,
+                message_id: &id,
+            };
+            assert_eq!(store.claim(&mut tx, k, fp).await.unwrap(), Claim::Fresh);
+        }
+        store.commit(tx).await.unwrap();
+    }
+    store.execute(&backdate(table)).await;
+
+    // A consumer's batch, still open.
+    let open_id = key(OLD);
+    let mut open_tx = store.begin().await.unwrap();
+    let k = DedupKey {
+        consumer,
+        message_id: &open_id,
+    };
+    assert_eq!(
+        store.claim(&mut open_tx, k, fp).await.unwrap(),
+        Claim::Fresh
+    );
+
+    let purger = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut purged = 0;
+            loop {
+                let n = store.purge(Duration::from_secs(86_400), 500).await.unwrap();
+                purged += n;
+                if n == 0 {
+                    return purged;
+                }
+            }
+        })
+    };
+    for i in OLD + 1..OLD + 51 {
+        let id = key(i);
+        let claim = async {
+            let mut tx = store.begin().await.unwrap();
+            let k = DedupKey {
+                consumer,
+                message_id: &id,
+            };
+            let c = store.claim(&mut tx, k, fp).await.unwrap();
+            store.commit(tx).await.unwrap();
+            c
+        };
+        let c = tokio::time::timeout(Duration::from_secs(5), claim)
+            .await
+            .expect("a claim waited on the purge");
+        assert_eq!(c, Claim::Fresh);
+    }
+    store.commit(open_tx).await.unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(60), purger)
+        .await
+        .expect("the purge finished")
+        .unwrap();
+    assert_eq!(purged, OLD as u64, "every old record, and only those");
+    let mut tx = store.begin().await.unwrap();
+    let id = key(OLD + 1);
+    let k = DedupKey {
+        consumer,
+        message_id: &id,
+    };
+    assert_eq!(
+        store.claim(&mut tx, k, fp).await.unwrap(),
+        Claim::Duplicate,
+        "recent records stay"
+    );
+    store.rollback(tx).await.unwrap();
+}
+
+/// Runs a statement on a store's pool.
+#[async_trait::async_trait]
+pub(crate) trait HasPool {
+    async fn execute(&self, sql: &str);
+}
+
+#[cfg(feature = "postgres")]
+#[async_trait::async_trait]
+impl HasPool for justonce_sql::PgStore {
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(sql).execute(self.pool()).await.unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait::async_trait]
+impl HasPool for justonce_sql::MySqlStore {
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(sql).execute(self.pool()).await.unwrap();
+    }
+}

@@ -184,3 +184,83 @@ mod queue {
         );
     }
 }
+
+mod partitioned {
+    use std::sync::Arc;
+
+    use justonce_core::conformance::{self, unique_name};
+    use justonce_sql::{PgStore, PgStoreOptions};
+
+    fn url() -> Option<String> {
+        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+            std::env::var("JUSTONCE_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+        })
+    }
+
+    async fn open(url: &str) -> (PgStore, String) {
+        let mut o = PgStoreOptions::default();
+        o.dedup_table = unique_name("jo_dedup_part");
+        o.partitioned = true;
+        let table = o.dedup_table.clone();
+        (PgStore::open_with(url, o).await.unwrap(), table)
+    }
+
+    async fn partitions(store: &PgStore, table: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = $1::regclass ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partitioned_store_keeps_the_claim_contract() {
+        let Some(url) = url() else { return };
+        let (store, table) = open(&url).await;
+        assert!(store.is_partitioned());
+        let parts = partitions(&store, &table).await;
+        assert_eq!(
+            parts.len(),
+            9,
+            "yesterday, today and 7 days ahead: {parts:?}"
+        );
+        conformance::dedup_claims(Arc::new(store.clone()), "part").await;
+        sqlx::raw_sql(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+
+    /// Old days are dropped whole, with a consumer's transaction open, while other claims
+    /// commit; then a key of a dropped day is fresh again and a recent one is not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn old_partitions_are_dropped_whole_without_blocking_claims() {
+        let Some(url) = url() else { return };
+        let (store, table) = open(&url).await;
+        // A partition for a day long past, as a store running for weeks would have.
+        let old = format!("{table}_p20200101");
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE {old} PARTITION OF {table}
+             FOR VALUES FROM ('2020-01-01 00:00:00+00') TO ('2020-01-02 00:00:00+00')"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let store = Arc::new(store);
+        crate::backend::purge_beside_claims(store.clone(), &table, |t| {
+            format!("UPDATE {t} SET processed_at = '2020-01-01 12:00:00+00'")
+        })
+        .await;
+        let parts = partitions(&store, &table).await;
+        assert!(!parts.contains(&old), "the old day was dropped: {parts:?}");
+        assert_eq!(parts.len(), 9, "{parts:?}");
+        sqlx::raw_sql(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
