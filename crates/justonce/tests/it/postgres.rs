@@ -1,12 +1,15 @@
 //! The runtime with its dedup records in PostgreSQL, through a PostgreSQL restart.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
-use justonce::sql::{PgStore, PgStoreOptions, PgTx, SqliteQueue, SqliteQueueOptions};
+use justonce::sql::{
+    PgQueue, PgQueueOptions, PgStore, PgStoreOptions, PgTx, SqliteQueue, SqliteQueueOptions,
+};
 use justonce::{
     async_trait, conformance, Consumer, ConsumerOptions, Context, Disposition, Handler, Message,
-    Publisher, Result,
+    Publisher, Result, Source,
 };
 
 fn url() -> Option<String> {
@@ -54,10 +57,37 @@ fn pg_ctl(action: &str) -> std::io::Result<std::process::Output> {
         .output()
 }
 
+/// The restart tests restart the one PostgreSQL server: one at a time.
+static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Where the orders wait: the embedded SQLite queue, or a PostgreSQL queue in the database
+/// of the store, acked inside the business transaction.
+#[derive(Clone)]
+enum Queue {
+    Sqlite(SqliteQueue),
+    Pg(PgQueue),
+}
+
+impl Queue {
+    fn source(&self) -> Arc<dyn Source> {
+        match self {
+            Queue::Sqlite(q) => Arc::new(q.clone()),
+            Queue::Pg(q) => Arc::new(q.clone()),
+        }
+    }
+
+    /// Messages still pending; `None` while the database cannot answer.
+    async fn pending(&self) -> Option<u64> {
+        match self {
+            Queue::Sqlite(q) => q.stats().await.ok().map(|s| s.pending),
+            Queue::Pg(q) => q.stats().await.ok().map(|s| s.pending),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
     let Some(url) = url() else { return };
-    const ORDERS: usize = 3000;
     let dir = tempfile::tempdir().unwrap();
     let mut qopts = SqliteQueueOptions::default();
     qopts.lease = Duration::from_secs(2);
@@ -68,15 +98,40 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
     )
     .await
     .unwrap();
+    consume_through_a_restart(&url, Queue::Sqlite(queue)).await;
+}
+
+/// The queue is in the restarted database too, and acks inside the business transaction:
+/// the batch in flight rolls back with its acks, and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_queue_acking_in_the_transaction_survives_a_restart() {
+    let Some(url) = url() else { return };
+    let mut qopts = PgQueueOptions::default();
+    qopts.lease = Duration::from_secs(2);
+    let name = conformance::unique_name("jo-rt-pgq");
+    let queue = PgQueue::open_with(&url, &name, qopts).await.unwrap();
+    consume_through_a_restart(&url, Queue::Pg(queue.clone())).await;
+    assert_eq!(queue.stats().await.unwrap().dead_letters, 0);
+    queue.delete().await.unwrap();
+}
+
+/// Consumes 3000 orders, restarting PostgreSQL once 300 are applied, then checks the
+/// ledger: every order exactly once.
+async fn consume_through_a_restart(url: &str, queue: Queue) {
+    const ORDERS: usize = 3000;
+    let _one_at_a_time = RESTARTS.lock().await;
     let msgs: Vec<Message> = (0..ORDERS)
         .map(|i| Message::new("{}").with_id(format!("o-{i:05}")).unwrap())
         .collect();
-    queue.publish_batch(&msgs).await.unwrap();
+    match &queue {
+        Queue::Sqlite(q) => q.publish_batch(&msgs).await.unwrap(),
+        Queue::Pg(q) => q.publish_batch(&msgs).await.unwrap(),
+    }
 
     let mut sopts = PgStoreOptions::default();
     sopts.dedup_table = conformance::unique_name("jo_dedup_rt");
     let dedup = sopts.dedup_table.clone();
-    let store = PgStore::open_with(&url, sopts).await.unwrap();
+    let store = PgStore::open_with(url, sopts).await.unwrap();
     let ledger = conformance::unique_name("jo_ledger_rt");
     sqlx::query(&format!("CREATE TABLE {ledger} (order_id TEXT NOT NULL)"))
         .execute(store.pool())
@@ -88,21 +143,24 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
     opts.receive_wait = Duration::from_millis(100);
     opts.backoff_base = Duration::from_millis(100);
     opts.backoff_max = Duration::from_secs(1);
-    let consumer = Consumer::new(
+    let mut consumer = Consumer::with_shared(
         opts,
-        queue.clone(),
-        store.clone(),
+        queue.source(),
+        Arc::new(store.clone()),
         Ledger {
             table: ledger.clone(),
         },
     )
     .unwrap();
+    if let Queue::Pg(q) = &queue {
+        consumer = consumer.with_transactional_ack(Arc::new(q.clone()));
+    }
     let run = {
         let queue = queue.clone();
         tokio::spawn(async move {
             consumer
                 .run_until(async move {
-                    while queue.stats().await.unwrap().pending > 0 {
+                    while queue.pending().await != Some(0) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 })
@@ -119,6 +177,7 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let started = postmaster_start(&store).await;
     let guard = StartOnDrop;
     let out = tokio::task::spawn_blocking(|| pg_ctl("restart"))
         .await
@@ -135,6 +194,11 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
         .expect("drains after the restart")
         .unwrap()
         .unwrap();
+    assert_ne!(
+        postmaster_start(&store).await,
+        started,
+        "the server restarted"
+    );
 
     let wrong: Vec<(String, i64)> = sqlx::query_as(&format!(
         "SELECT order_id, COUNT(*) FROM {ledger} GROUP BY order_id HAVING COUNT(*) <> 1"
@@ -154,5 +218,18 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
             .execute(store.pool())
             .await
             .unwrap();
+    }
+}
+
+/// When the server started, read until it answers again.
+async fn postmaster_start(store: &PgStore) -> String {
+    loop {
+        match sqlx::query_scalar::<_, String>("SELECT pg_postmaster_start_time()::text")
+            .fetch_one(store.pool())
+            .await
+        {
+            Ok(t) => return t,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }
