@@ -6,7 +6,12 @@
 //! - [`SqliteStore`]: the dedup store. Its transactions are `sqlx` transactions
 //!   ([`SqliteTx`]): your handler's business writes and the dedup record commit together.
 //!
-//! URLs are `sqlite:PATH` (created if missing).
+//! - With the `postgres` feature: [`PgQueue`] (a queue in PostgreSQL tables: `FOR UPDATE SKIP
+//!   LOCKED`, `LISTEN/NOTIFY`, and an ack inside the business transaction), [`PgStore`] (with
+//!   optional daily partitions), [`PgClaimStore`] and the guards. With `mysql`: the MariaDB /
+//!   MySQL stores and guards.
+//!
+//! URLs are `sqlite:PATH` (created if missing), `postgres://…`, `mysql://…`.
 //!
 //! ```no_run
 //! use justonce_core::{Message, Publisher};
