@@ -1,7 +1,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
@@ -104,6 +106,86 @@ impl AmqpPublisher {
     /// The options.
     pub fn options(&self) -> &AmqpOptions {
         &self.opts
+    }
+
+    /// Messages ready in `queue` (one of [`AmqpOptions::queues`]), as the broker counts them.
+    pub async fn ready(&self, queue: &str) -> Result<u32> {
+        let channel = self.channel().await?;
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| amqp(format!("reading the depth of {queue}"), e))?;
+        Ok(q.message_count())
+    }
+
+    /// Messages ready in the work queue and the retry tiers (dead letters excluded), as the
+    /// broker counts them; deliveries unacked at consumers are not counted. For monitors
+    /// that must not consume (the lab).
+    pub async fn backlog(&self) -> Result<u64> {
+        let mut n = 0;
+        for queue in self
+            .opts
+            .queues()
+            .into_iter()
+            .filter(|q| *q != self.opts.dead_letter_queue())
+        {
+            n += u64::from(self.ready(&queue).await?);
+        }
+        Ok(n)
+    }
+
+    /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
+    pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
+        let channel = self.channel().await?;
+        let mut out = Vec::new();
+        let q = self.opts.dead_letter_queue();
+        loop {
+            let got = channel
+                .basic_get(
+                    q.as_str().into(),
+                    lapin::options::BasicGetOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp("reading the dead-letter queue", e))?;
+            let Some(got) = got else { break };
+            out.push(crate::source::to_message(&got.delivery));
+            channel
+                .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
+                .await
+                .map_err(|e| amqp("acking a dead letter", e))?;
+        }
+        Ok(out)
+    }
+
+    /// Deletes every queue and exchange of the topology: for tests and the demo.
+    pub async fn delete_topology(&self) -> Result<()> {
+        let channel = self.channel().await?;
+        for q in self.opts.queues() {
+            channel
+                .queue_delete(
+                    q.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp(format!("deleting queue {q}"), e))?;
+        }
+        for x in [self.opts.exchange(), self.opts.dead_letter_exchange()] {
+            channel
+                .exchange_delete(
+                    x.as_str().into(),
+                    lapin::options::ExchangeDeleteOptions::default(),
+                )
+                .await
+                .map_err(|e| amqp(format!("deleting exchange {x}"), e))?;
+        }
+        Ok(())
     }
 
     async fn channel(&self) -> Result<Channel> {

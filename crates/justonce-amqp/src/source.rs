@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_lite::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, Mutex};
@@ -164,19 +162,7 @@ impl AmqpSource {
 
     /// Messages ready in `queue` (one of [`AmqpOptions::queues`]), as the broker counts them.
     pub async fn ready(&self, queue: &str) -> Result<u32> {
-        let channel = self.live().await?.0;
-        let q = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| amqp(format!("reading the depth of {queue}"), e))?;
-        Ok(q.message_count())
+        self.inner.publisher.ready(queue).await
     }
 
     /// Messages the broker still owes a consumer: those in flight on this source plus those
@@ -198,25 +184,7 @@ impl AmqpSource {
 
     /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
     pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
-        let channel = self.live().await?.0;
-        let mut out = Vec::new();
-        let q = self.inner.opts.dead_letter_queue();
-        loop {
-            let got = channel
-                .basic_get(
-                    q.as_str().into(),
-                    lapin::options::BasicGetOptions::default(),
-                )
-                .await
-                .map_err(|e| amqp("reading the dead-letter queue", e))?;
-            let Some(got) = got else { break };
-            out.push(to_message(&got.delivery));
-            channel
-                .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
-                .await
-                .map_err(|e| amqp("acking a dead letter", e))?;
-        }
-        Ok(out)
+        self.inner.publisher.drain_dead_letters().await
     }
 
     /// Publishes without waiting for the confirm; see
@@ -248,28 +216,7 @@ impl AmqpSource {
 
     /// Deletes every queue and exchange of the topology: for tests and the demo.
     pub async fn delete_topology(&self) -> Result<()> {
-        let channel = self.live().await?.0;
-        for q in self.inner.opts.queues() {
-            channel
-                .queue_delete(
-                    q.as_str().into(),
-                    lapin::options::QueueDeleteOptions::default(),
-                )
-                .await
-                .map_err(|e| amqp(format!("deleting queue {q}"), e))?;
-        }
-        for x in [
-            self.inner.opts.exchange(),
-            self.inner.opts.dead_letter_exchange(),
-        ] {
-            channel
-                .exchange_delete(
-                    x.as_str().into(),
-                    lapin::options::ExchangeDeleteOptions::default(),
-                )
-                .await
-                .map_err(|e| amqp(format!("deleting exchange {x}"), e))?;
-        }
+        self.inner.publisher.delete_topology().await?;
         self.abandon().await;
         Ok(())
     }
@@ -435,7 +382,7 @@ impl AmqpSource {
     }
 }
 
-fn to_message(d: &lapin::message::Delivery) -> Message {
+pub(crate) fn to_message(d: &lapin::message::Delivery) -> Message {
     let mut headers = Headers::new();
     if let Some(table) = d.properties.headers() {
         for (k, v) in table.inner() {

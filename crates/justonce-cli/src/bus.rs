@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce::amqp::{AmqpOptions, AmqpSource};
+use justonce::amqp::{AmqpOptions, AmqpPublisher, AmqpSource};
 use justonce::sql::{PgQueue, PgQueueOptions, SqliteQueue, SqliteQueueOptions};
 use justonce::{Message, Publisher, Result, Source};
 
@@ -70,18 +70,8 @@ impl Bus {
     /// with confirms: a real duplicate on the broker.
     pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
         match self {
-            Bus::Sqlite(q) => {
-                q.publish_batch(first).await?;
-                if !again.is_empty() {
-                    q.publish_batch(again).await?;
-                }
-            }
-            Bus::Pg(q) => {
-                q.publish_batch(first).await?;
-                if !again.is_empty() {
-                    q.publish_batch(again).await?;
-                }
-            }
+            Bus::Sqlite(q) => publish_twice(q, first, again).await?,
+            Bus::Pg(q) => publish_twice(q, first, again).await?,
             Bus::Amqp(q) => {
                 for m in again {
                     q.publish_without_confirm(m).await?;
@@ -128,17 +118,7 @@ impl Bus {
                 .map(|d| d.message)
                 .collect(),
         };
-        let mut ids = HashSet::new();
-        let mut anonymous = 0;
-        for m in letters {
-            match m.id() {
-                Some(id) => {
-                    ids.insert(id.clone());
-                }
-                None => anonymous += 1,
-            }
-        }
-        Ok(ids.len() as u64 + anonymous)
+        Ok(distinct(letters))
     }
 
     /// A consumer crash as the transport sees it: on RabbitMQ the channel closes with its
@@ -169,4 +149,110 @@ impl Bus {
             Bus::Pg(q) => q.delete().await,
         }
     }
+}
+
+/// The publishing and counting side of a transport, which never consumes: the lab's
+/// publisher process and its checker.
+#[derive(Debug, Clone)]
+pub(crate) enum Sink {
+    Sqlite(SqliteQueue),
+    Amqp(Arc<AmqpPublisher>),
+    Pg(PgQueue),
+}
+
+impl Sink {
+    pub(crate) async fn open(url: &str, queue: &str) -> Result<Self> {
+        Bus::scheme(url).map_err(|e| justonce::Error::config(e.to_string()))?;
+        if url.starts_with("sqlite:") {
+            Ok(Sink::Sqlite(SqliteQueue::open(url, queue).await?))
+        } else if url.starts_with("postgres") {
+            Ok(Sink::Pg(PgQueue::open(url, queue).await?))
+        } else {
+            Ok(Sink::Amqp(Arc::new(
+                AmqpPublisher::connect(url, AmqpOptions::new(queue)).await?,
+            )))
+        }
+    }
+
+    /// As [`Bus::publish`].
+    pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
+        match self {
+            Sink::Sqlite(q) => publish_twice(q, first, again).await,
+            Sink::Pg(q) => publish_twice(q, first, again).await,
+            Sink::Amqp(p) => {
+                for m in again {
+                    p.publish_without_confirm(m).await?;
+                }
+                p.publish_batch(first).await
+            }
+        }
+    }
+
+    /// Messages waiting on the transport: on RabbitMQ those ready in the work and retry
+    /// queues (not the ones unacked at consumers).
+    pub(crate) async fn backlog(&self) -> Result<u64> {
+        match self {
+            Sink::Sqlite(q) => Ok(q.stats().await?.pending),
+            Sink::Pg(q) => Ok(q.stats().await?.pending),
+            Sink::Amqp(p) => p.backlog().await,
+        }
+    }
+
+    /// The messages in the dead-letter queue (taken off it on RabbitMQ), with their reasons
+    /// in their headers.
+    pub(crate) async fn dead_letters(&self) -> Result<Vec<Message>> {
+        Ok(match self {
+            Sink::Sqlite(q) => q
+                .dead_letters()
+                .await?
+                .into_iter()
+                .map(|d| d.message)
+                .collect(),
+            Sink::Pg(q) => q
+                .dead_letters()
+                .await?
+                .into_iter()
+                .map(|d| d.message)
+                .collect(),
+            Sink::Amqp(p) => p.drain_dead_letters().await?,
+        })
+    }
+
+    /// Distinct messages among `letters`.
+    pub(crate) fn distinct(letters: &[Message]) -> u64 {
+        distinct(letters.to_vec())
+    }
+
+    /// Removes what the run declared on a shared broker or database.
+    pub(crate) async fn cleanup(&self) -> Result<()> {
+        match self {
+            Sink::Sqlite(_) => Ok(()),
+            Sink::Pg(q) => q.delete().await,
+            Sink::Amqp(p) => p.delete_topology().await,
+        }
+    }
+}
+
+/// Publishes `first`, then `again` (the same ids once more) in a second transaction.
+async fn publish_twice(q: &impl Publisher, first: &[Message], again: &[Message]) -> Result<()> {
+    q.publish_batch(first).await?;
+    if !again.is_empty() {
+        q.publish_batch(again).await?;
+    }
+    Ok(())
+}
+
+/// Distinct ids among `letters`; letters without an id count one each.
+fn distinct(letters: Vec<Message>) -> u64 {
+    let mut ids = HashSet::new();
+    let mut anonymous = 0;
+    for m in letters {
+        match m.id() {
+            Some(id) => {
+                ids.insert(id.clone());
+            }
+            None => anonymous += 1,
+        }
+    }
+    ids.len() as u64 + anonymous
 }

@@ -2,7 +2,9 @@
 
 mod bus;
 mod demo;
+mod lab;
 mod orders;
+mod publish;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -20,19 +22,28 @@ enum Command {
     /// The order/payment pipeline under seeded faults, once per semantic, with a table of
     /// lost and duplicated effects counted from the business data.
     Demo(demo::DemoArgs),
+    /// Real faults on real processes: a publisher and K consumer workers under kills,
+    /// pauses, network cuts and restarts, checked from the business data.
+    Lab(lab::LabArgs),
     /// Run the order/payment consumer as its own process (used by tests and the lab).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// Publish the demo's orders as a process of its own (used by the lab).
+    #[command(hide = true)]
+    Publish(publish::PublishArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The demo's faults are on purpose: its warnings would drown the table.
-    init_tracing(if matches!(cli.command, Command::Demo(_)) {
-        "error"
-    } else {
-        "error,justonce=warn"
-    });
+    // lapin logs a broker restart as errors; the lab reports it as a fault it made.
+    init_tracing(
+        if matches!(cli.command, Command::Demo(_) | Command::Lab(_)) {
+            "error,lapin=off"
+        } else {
+            "error,justonce=warn"
+        },
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -47,7 +58,9 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
+            Command::Lab(args) => lab::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Publish(args) => publish::run(args).await,
         }
     });
     match result {

@@ -250,6 +250,7 @@ impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
 pub(crate) struct Tables {
     pub(crate) dedup: String,
     pub(crate) claims: String,
+    pub(crate) deliveries: String,
     pub(crate) accounts: String,
     pub(crate) ledger: String,
     pub(crate) order_ids: String,
@@ -257,12 +258,14 @@ pub(crate) struct Tables {
 }
 
 impl Tables {
-    /// The tables `{prefix}_accounts`, `_ledger`, `_order_ids`, `_orders`, and the dedup and
-    /// claim tables `{prefix}_dedup`, `_claims`.
+    /// The tables `{prefix}_accounts`, `_ledger`, `_order_ids`, `_orders`, the dedup and
+    /// claim tables `{prefix}_dedup`, `_claims`, and the lab's audit of deliveries
+    /// `{prefix}_deliveries`.
     pub(crate) fn new(prefix: &str) -> Result<Self> {
         let t = Tables {
             dedup: format!("{prefix}_dedup"),
             claims: format!("{prefix}_claims"),
+            deliveries: format!("{prefix}_deliveries"),
             accounts: format!("{prefix}_accounts"),
             ledger: format!("{prefix}_ledger"),
             order_ids: format!("{prefix}_order_ids"),
@@ -274,8 +277,9 @@ impl Tables {
         Ok(t)
     }
 
-    fn all(&self) -> [&String; 6] {
+    fn all(&self) -> [&String; 7] {
         [
+            &self.deliveries,
             &self.ledger,
             &self.accounts,
             &self.orders,
@@ -330,6 +334,13 @@ pub(crate) trait Bank: DedupStore + Clone {
     ) -> Result<Cas>;
     /// The payment: balance and ledger row. False when the account does not exist.
     async fn pay(tx: &mut Self::Tx, t: &Tables, p: &Payment) -> Result<bool>;
+    /// Appends one row per delivery received (its message id, whether the transport marked
+    /// it redelivered) to `t.deliveries`, outside any consumer transaction.
+    async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()>;
+    /// Rows in the ledger (cheap: for progress, not for checking).
+    async fn ledger_rows(&self, t: &Tables) -> Result<u64>;
+    /// Deliveries recorded, and how many of them were redeliveries.
+    async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)>;
     /// The transport's ack inside this database's transactions, when `bus` is a queue in
     /// this database (the PostgreSQL queue with the PostgreSQL store).
     fn transactional_ack(bus: &Bus) -> Option<Arc<dyn TransactionalAck<Self::Tx>>>;
@@ -367,6 +378,11 @@ macro_rules! bank {
                         t.ledger, $serial
                     ),
                     format!("CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY)", t.order_ids),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {} (seq {}, message_id VARCHAR(255),
+                             redelivered BIGINT NOT NULL)",
+                        t.deliveries, $serial
+                    ),
                     format!(
                         "CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY,
                              status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)",
@@ -457,6 +473,43 @@ macro_rules! bank {
 
             async fn bump(g: &$version, tx: &mut $tx, order_id: &str, expected: i64) -> Result<Cas> {
                 g.bump(tx, order_id, expected).await
+            }
+
+            async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()> {
+                let ph: fn(usize) -> String = $ph;
+                for chunk in rows.chunks(500) {
+                    let marks: Vec<String> = (0..chunk.len())
+                        .map(|i| format!("({}, {})", ph(2 * i + 1), ph(2 * i + 2)))
+                        .collect();
+                    let sql = format!(
+                        "INSERT INTO {} (message_id, redelivered) VALUES {}",
+                        t.deliveries,
+                        marks.join(", ")
+                    );
+                    let mut q = sqlx::query(&sql);
+                    for (id, redelivered) in chunk {
+                        q = q.bind(id.as_deref()).bind(i64::from(*redelivered));
+                    }
+                    q.execute(self.pool()).await?;
+                }
+                Ok(())
+            }
+
+            async fn ledger_rows(&self, t: &Tables) -> Result<u64> {
+                let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", t.ledger))
+                    .fetch_one(self.pool())
+                    .await?;
+                Ok(n as u64)
+            }
+
+            async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)> {
+                let (all, again): (i64, i64) = sqlx::query_as(&format!(
+                    "SELECT COUNT(*), COUNT(*) - COUNT(NULLIF(redelivered, 1)) FROM {}",
+                    t.deliveries
+                ))
+                .fetch_one(self.pool())
+                .await?;
+                Ok((all as u64, again as u64))
             }
 
             fn transactional_ack($bus: &Bus) -> Option<Arc<dyn TransactionalAck<$tx>>> {

@@ -1,10 +1,11 @@
 //! `justonce worker`: the order/payment consumer as a process of its own, so tests and the
 //! lab can kill it for real.
 //!
-//! Fault points: `JUSTONCE_FAULT_PAUSE=POINT:MS` (POINT one of `after-ack`,
+//! Fault points: `JUSTONCE_FAULT_PAUSE=POINT:MS[:BATCH]` (POINT one of `after-ack`,
 //! `before-commit`, `after-commit`) makes the worker print `justonce-fault-point POINT` on
-//! stderr and sleep MS milliseconds at that point of every batch, so a test can SIGKILL it
-//! exactly there. Without the variable nothing pauses.
+//! stderr and sleep MS milliseconds at that point of every batch (or only of its BATCH-th
+//! batch to reach it), so a test or the lab can SIGKILL it exactly there. Without the
+//! variable nothing pauses.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -13,7 +14,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Semantics,
+    async_trait, Consumer, ConsumerOptions, DeadLetterReason, Delivery, FaultHook, FaultPoint,
+    Receipt, Semantics, Source,
 };
 
 use crate::orders::{Bank, PaymentHandler, Strategy, Tables};
@@ -48,6 +50,13 @@ pub(crate) struct WorkerArgs {
     /// Ack inside the business transaction (a PostgreSQL queue in the store's database).
     #[arg(long)]
     ack_in_transaction: bool,
+    /// Largest payload accepted; larger ones are dead-lettered.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_payload_bytes: usize,
+    /// Record every delivery received in the `{tables}_deliveries` table (the lab's count of
+    /// deliveries and redeliveries, which outlives a killed worker).
+    #[arg(long)]
+    audit: bool,
     /// Exit 0 once the queue holds nothing (instead of waiting for SIGINT/SIGTERM).
     #[arg(long)]
     exit_when_drained: bool,
@@ -72,10 +81,20 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
     opts.batch_size = args.batch_size;
+    opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
+    let source = if args.audit {
+        Arc::new(Audited {
+            inner: queue.source(),
+            store: store.clone(),
+            tables: tables.clone(),
+        })
+    } else {
+        queue.source()
+    };
     let mut consumer = Consumer::with_shared(
         opts,
-        queue.source(),
+        source,
         Arc::new(store),
         PaymentHandler::<B>::new(tables, Strategy::DedupTable, false, None)?,
     )?;
@@ -116,10 +135,13 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pauses at one fault point of every batch, announcing it on stderr.
+/// Pauses at one fault point of every batch (or of one batch), announcing it on stderr.
 struct PauseHook {
     point: FaultPoint,
     pause: Duration,
+    /// Only the n-th batch to reach the point pauses.
+    only: Option<u64>,
+    reached: std::sync::atomic::AtomicU64,
 }
 
 impl PauseHook {
@@ -127,9 +149,15 @@ impl PauseHook {
         let Ok(spec) = std::env::var("JUSTONCE_FAULT_PAUSE") else {
             return Ok(None);
         };
-        let (point, ms) = spec
-            .split_once(':')
-            .context("JUSTONCE_FAULT_PAUSE must be POINT:MS")?;
+        let mut parts = spec.split(':');
+        let (Some(point), Some(ms)) = (parts.next(), parts.next()) else {
+            anyhow::bail!("JUSTONCE_FAULT_PAUSE must be POINT:MS[:BATCH]");
+        };
+        let only = parts
+            .next()
+            .map(|b| b.parse::<u64>())
+            .transpose()
+            .context("JUSTONCE_FAULT_PAUSE: BATCH must be a number")?;
         let point = [
             FaultPoint::AfterAck,
             FaultPoint::BeforeCommit,
@@ -146,6 +174,8 @@ impl PauseHook {
         Ok(Some(PauseHook {
             point,
             pause: Duration::from_millis(ms),
+            only,
+            reached: Default::default(),
         }))
     }
 }
@@ -153,7 +183,14 @@ impl PauseHook {
 #[async_trait]
 impl FaultHook for PauseHook {
     async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
-        if point == self.point {
+        if point == self.point && !batch.is_empty() {
+            let n = self
+                .reached
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            if self.only.is_some_and(|only| only != n) {
+                return false;
+            }
             {
                 let mut err = std::io::stderr().lock();
                 let _ = writeln!(
@@ -167,5 +204,56 @@ impl FaultHook for PauseHook {
             tokio::time::sleep(self.pause).await;
         }
         false
+    }
+}
+
+/// A source that records each delivery it hands out in the store's audit table, outside the
+/// consumer's transaction: the lab counts deliveries and redeliveries from it after the
+/// workers (and their memory) are gone. A failed write is logged and the deliveries still
+/// go to the consumer, so the count is a lower bound, never a reason to lose a message.
+struct Audited<B: Bank> {
+    inner: Arc<dyn Source>,
+    store: B,
+    tables: Tables,
+}
+
+#[async_trait]
+impl<B: Bank> Source for Audited<B> {
+    fn queue(&self) -> &str {
+        self.inner.queue()
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> justonce::Result<Vec<Delivery>> {
+        let got = self.inner.receive(max, wait).await?;
+        if !got.is_empty() {
+            let rows: Vec<(Option<String>, bool)> = got
+                .iter()
+                .map(|d| (d.message.id().map(|i| i.as_str().to_owned()), d.redelivered))
+                .collect();
+            if let Err(e) = self.store.record_deliveries(&self.tables, &rows).await {
+                tracing::warn!(error = %e.to_chain_string(), "could not record deliveries in the audit table");
+            }
+        }
+        Ok(got)
+    }
+
+    async fn ack(&self, receipts: &[&Receipt]) -> justonce::Result<()> {
+        self.inner.ack(receipts).await
+    }
+
+    async fn nack(&self, receipt: &Receipt, delay: Duration) -> justonce::Result<()> {
+        self.inner.nack(receipt, delay).await
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &DeadLetterReason,
+    ) -> justonce::Result<()> {
+        self.inner.dead_letter(delivery, reason).await
+    }
+
+    fn redelivery_delay(&self) -> Duration {
+        self.inner.redelivery_delay()
     }
 }

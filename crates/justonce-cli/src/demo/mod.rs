@@ -1,6 +1,6 @@
 //! `justonce demo`: the order/payment pipeline under seeded faults, once per semantic.
 
-mod plan;
+pub(crate) mod plan;
 mod report;
 
 use std::path::PathBuf;

@@ -757,10 +757,9 @@ where
             // rolling back to the savepoint keeps the locks of the batch's earlier messages,
             // so the conflict would repeat for every message after it. Fail the batch: it
             // rolls back whole, goes back to the queue, and the worker retries after a pause.
-            // At the attempt limit the message is retried (and dead-lettered) alone instead.
-            Err(e) if e.kind() == ErrorKind::Busy && d.attempt < self.opts.max_attempts => {
-                return Err(e);
-            }
+            // Never counted against the message: its attempts also count the redeliveries
+            // after crashes, and a good message must not be dead-lettered for a deadlock.
+            Err(e) if e.kind() == ErrorKind::Busy => return Err(e),
             Err(e) => Disposition::from_error(&e),
         })
     }

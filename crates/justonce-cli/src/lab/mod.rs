@@ -1,0 +1,344 @@
+//! `justonce lab`: the order/payment pipeline as real processes (a publisher and K workers,
+//! children of the lab) under real faults on a seeded schedule, then a checker that reads
+//! the business data and the transport.
+//!
+//! Faults: SIGKILL of a worker at a chosen point of its batch (announced by the worker's
+//! fault hook, `JUSTONCE_FAULT_PAUSE`), SIGSTOP/SIGCONT longer than the lease, a TCP proxy
+//! between the processes and the services (cut every connection, add delay, black-hole),
+//! RabbitMQ `stop_app`/`start_app`, a PostgreSQL restart, and duplicate publishes (the plan's,
+//! and every re-send after a failed publish).
+
+mod plot;
+mod proxy;
+mod run;
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use justonce::Semantics;
+use serde::Serialize;
+
+pub(crate) use run::Scenario;
+
+/// A class of fault the lab injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum FaultClass {
+    /// SIGKILL of a worker: between commit and ack, before commit, after an early ack
+    /// (at-most-once), or at a random moment.
+    Kill,
+    /// SIGSTOP of a worker for three leases, then SIGCONT: its work is taken over meanwhile.
+    Pause,
+    /// The TCP proxy closes every connection to the broker or the database.
+    Cut,
+    /// The TCP proxy delays every packet by 100 ms for 3 s.
+    Delay,
+    /// The TCP proxy forwards nothing for three leases, refusing nothing either.
+    Blackhole,
+    /// RabbitMQ `stop_app`, 2 s, `start_app`.
+    BrokerRestart,
+    /// `pg_ctlcluster … restart` of PostgreSQL.
+    DbRestart,
+}
+
+impl FaultClass {
+    pub(crate) const ALL: [FaultClass; 7] = [
+        FaultClass::Kill,
+        FaultClass::Pause,
+        FaultClass::Cut,
+        FaultClass::Delay,
+        FaultClass::Blackhole,
+        FaultClass::BrokerRestart,
+        FaultClass::DbRestart,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            FaultClass::Kill => "kill",
+            FaultClass::Pause => "pause",
+            FaultClass::Cut => "cut",
+            FaultClass::Delay => "delay",
+            FaultClass::Blackhole => "blackhole",
+            FaultClass::BrokerRestart => "broker-restart",
+            FaultClass::DbRestart => "db-restart",
+        }
+    }
+
+    /// Whether the class can hit a pipeline on `transport` and `store` (backend names).
+    pub(crate) fn applies(self, transport: &str, store: &str) -> bool {
+        let networked = transport != "sqlite" || store != "sqlite";
+        match self {
+            FaultClass::Kill | FaultClass::Pause => true,
+            FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
+            FaultClass::BrokerRestart => transport == "amqp",
+            FaultClass::DbRestart => transport == "postgres" || store == "postgres",
+        }
+    }
+}
+
+/// Arguments of `justonce lab`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LabArgs {
+    /// Transport URL (default: an embedded SQLite queue in a fresh temporary directory).
+    #[arg(long, value_name = "URL")]
+    transport: Option<String>,
+    /// Store URL for the business data and dedup records (default: embedded SQLite).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// The consumers' semantics.
+    #[arg(long, default_value = "effectively-once")]
+    semantics: Semantics,
+    /// Orders to publish.
+    #[arg(long, default_value_t = 20_000)]
+    messages: u64,
+    /// Consumer processes.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Seed of the plan and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Fault classes to inject, comma-separated (default: every one that applies).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultClass>,
+    /// Workers SIGKILLed at fault points, at least.
+    #[arg(long, default_value_t = 3)]
+    kills: u32,
+    /// Lease of a delivery on the SQL queues, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
+    /// Run every fault class against every transport/store pair that is reachable, one line
+    /// each, and a summary (SQLite, RabbitMQ and PostgreSQL transports; SQLite, PostgreSQL and
+    /// MariaDB stores, at their default local URLs or JUSTONCE_AMQP_URL, JUSTONCE_POSTGRES_URL,
+    /// JUSTONCE_MYSQL_URL).
+    #[arg(long)]
+    matrix: bool,
+    /// Print one JSON object on stdout (with --matrix: one per line, then the summary).
+    #[arg(long)]
+    json: bool,
+    /// Write throughput over time, with each fault marked, as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+/// What one scenario found, as `--json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LabReport {
+    pub(crate) scenario: String,
+    pub(crate) transport: String,
+    pub(crate) store: String,
+    pub(crate) semantics: String,
+    pub(crate) seed: u64,
+    pub(crate) messages: u64,
+    pub(crate) workers: usize,
+    pub(crate) faults: FaultCounts,
+    pub(crate) deliveries: u64,
+    pub(crate) redeliveries: u64,
+    pub(crate) effects: u64,
+    pub(crate) lost: u64,
+    pub(crate) duplicate_effects: u64,
+    pub(crate) dead_lettered: u64,
+    pub(crate) drain_seconds: f64,
+    pub(crate) msgs_per_sec: f64,
+    pub(crate) verdict: &'static str,
+    pub(crate) why: String,
+}
+
+/// Faults that happened in one run (not planned: done).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub(crate) struct FaultCounts {
+    pub(crate) kills: u64,
+    pub(crate) pauses: u64,
+    pub(crate) cuts: u64,
+    pub(crate) broker_restarts: u64,
+    pub(crate) db_restarts: u64,
+    pub(crate) duplicate_publishes: u64,
+}
+
+/// The default local URL of a service, from its environment variable, if it answers.
+fn local(service: &str, addr: &str, var: &str, default: &str) -> Option<String> {
+    if std::net::TcpStream::connect_timeout(
+        &addr.parse().ok()?,
+        std::time::Duration::from_millis(300),
+    )
+    .is_err()
+    {
+        eprintln!("lab: {service} at {addr} is not reachable; its pairs are left out");
+        return None;
+    }
+    Some(std::env::var(var).unwrap_or_else(|_| default.into()))
+}
+
+pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
+    if args.messages == 0 || args.workers == 0 {
+        bail!("--messages and --workers must each be at least 1");
+    }
+    let exe = std::env::current_exe()?;
+    if !args.matrix {
+        let scenario = Scenario::new(
+            &args,
+            args.transport.clone(),
+            args.store.clone(),
+            args.faults.clone(),
+        )?;
+        let report = scenario.run(&exe, !args.json, args.plot.as_deref()).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", table(std::slice::from_ref(&report)));
+        }
+        if report.verdict != "pass" {
+            std::process::exit(2);
+        }
+        return Ok(());
+    }
+
+    let amqp = local(
+        "RabbitMQ",
+        "127.0.0.1:5672",
+        "JUSTONCE_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    );
+    let pg = local(
+        "PostgreSQL",
+        "127.0.0.1:5432",
+        "JUSTONCE_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let my = local(
+        "MariaDB",
+        "127.0.0.1:3306",
+        "JUSTONCE_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    );
+    // `None` is the embedded SQLite default; an unreachable service is left out.
+    let transports: Vec<Option<String>> = [None]
+        .into_iter()
+        .chain([amqp, pg.clone()].into_iter().flatten().map(Some))
+        .collect();
+    let stores: Vec<Option<String>> = [None]
+        .into_iter()
+        .chain([pg, my].into_iter().flatten().map(Some))
+        .collect();
+    let mut reports = Vec::new();
+    for transport in &transports {
+        for store in &stores {
+            let t_name = transport
+                .as_deref()
+                .map_or(Ok("sqlite"), crate::bus::Bus::scheme)?;
+            let s_name = store
+                .as_deref()
+                .map_or(Ok("sqlite"), crate::demo::store_scheme)?;
+            for class in FaultClass::ALL {
+                if !class.applies(t_name, s_name)
+                    || (!args.faults.is_empty() && !args.faults.contains(&class))
+                {
+                    continue;
+                }
+                let scenario = Scenario::new(&args, transport.clone(), store.clone(), vec![class])?;
+                let report = match scenario.run(&exe, false, None).await {
+                    Ok(r) => r,
+                    Err(e) => scenario.failed(format!("{e:#}")),
+                };
+                if args.json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    println!("{}", line(&report));
+                }
+                reports.push(report);
+            }
+        }
+    }
+    let passed = reports.iter().filter(|r| r.verdict == "pass").count();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"summary": {"scenarios": reports.len(), "passed": passed, "failed": reports.len() - passed}})
+        );
+    } else {
+        println!("\n{passed} of {} scenarios passed", reports.len());
+    }
+    if passed != reports.len() || reports.is_empty() {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// One line of the matrix.
+fn line(r: &LabReport) -> String {
+    format!(
+        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} | deliveries {:>6} redelivered {:>5} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
+        r.verdict.to_uppercase(),
+        r.scenario,
+        r.transport,
+        r.store,
+        r.semantics,
+        r.faults.kills,
+        r.faults.pauses,
+        r.faults.cuts,
+        r.faults.broker_restarts,
+        r.faults.db_restarts,
+        r.deliveries,
+        r.redeliveries,
+        r.effects,
+        r.lost,
+        r.duplicate_effects,
+        r.dead_lettered,
+        r.drain_seconds,
+        if r.why.is_empty() { "" } else { "| " },
+        r.why
+    )
+}
+
+/// The end-of-run table of one scenario.
+fn table(reports: &[LabReport]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for r in reports {
+        let f = &r.faults;
+        let _ = writeln!(
+            out,
+            "justonce lab: scenario {}, transport {}, store {}, {}, {} orders, {} workers, seed {}",
+            r.scenario, r.transport, r.store, r.semantics, r.messages, r.workers, r.seed
+        );
+        let _ = writeln!(
+            out,
+            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes\n",
+            f.kills, f.pauses, f.cuts, f.broker_restarts, f.db_restarts, f.duplicate_publishes
+        );
+        let _ = writeln!(
+            out,
+            "{:>10} {:>12} {:>8} {:>6} {:>10} {:>13} {:>8} {:>8}",
+            "deliveries",
+            "redeliveries",
+            "effects",
+            "lost",
+            "duplicate",
+            "dead-lettered",
+            "drain s",
+            "msg/s"
+        );
+        let _ = writeln!(
+            out,
+            "{:>10} {:>12} {:>8} {:>6} {:>10} {:>13} {:>8.1} {:>8.0}\n",
+            r.deliveries,
+            r.redeliveries,
+            r.effects,
+            r.lost,
+            r.duplicate_effects,
+            r.dead_lettered,
+            r.drain_seconds,
+            r.msgs_per_sec
+        );
+        let _ = writeln!(
+            out,
+            "verdict: {}{}",
+            r.verdict.to_uppercase(),
+            if r.why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.why)
+            }
+        );
+    }
+    out
+}

@@ -1,0 +1,773 @@
+//! One lab scenario: processes, the fault schedule, the drain, and the checker.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::Semantics;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::plot::Samples;
+use super::proxy::{through, FaultProxy};
+use super::{FaultClass, FaultCounts, LabArgs, LabReport};
+use crate::bus::{Bus, Sink};
+use crate::demo::plan::Plan;
+use crate::orders::{Bank, Tables};
+
+/// The consumers' payload limit (the plan's oversized poison is one byte over).
+const MAX_PAYLOAD: usize = 16 * 1024;
+/// Deliveries per worker batch.
+const BATCH: usize = 50;
+
+/// Where a kill lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillAt {
+    /// At a fault point of the runtime, announced by the worker.
+    Point(&'static str),
+    /// Whenever the schedule says, wherever the worker is.
+    Random,
+}
+
+/// One scenario of the lab.
+#[derive(Debug, Clone)]
+pub(crate) struct Scenario {
+    name: String,
+    transport: Option<String>,
+    store: Option<String>,
+    t_name: &'static str,
+    s_name: &'static str,
+    semantics: Semantics,
+    messages: u64,
+    workers: usize,
+    seed: u64,
+    faults: Vec<FaultClass>,
+    kills: u32,
+    lease: Duration,
+}
+
+impl Scenario {
+    pub(crate) fn new(
+        args: &LabArgs,
+        transport: Option<String>,
+        store: Option<String>,
+        faults: Vec<FaultClass>,
+    ) -> anyhow::Result<Self> {
+        let t_name = transport.as_deref().map_or(Ok("sqlite"), Bus::scheme)?;
+        let s_name = store
+            .as_deref()
+            .map_or(Ok("sqlite"), crate::demo::store_scheme)?;
+        for f in &faults {
+            if !f.applies(t_name, s_name) {
+                bail!(
+                    "the {} fault does not apply to transport {t_name} with store {s_name}",
+                    f.as_str()
+                );
+            }
+        }
+        let name = match faults.as_slice() {
+            [one] => one.as_str().to_owned(),
+            _ => "mixed".to_owned(),
+        };
+        let faults = if faults.is_empty() {
+            FaultClass::ALL
+                .into_iter()
+                .filter(|f| f.applies(t_name, s_name))
+                .collect()
+        } else {
+            faults
+        };
+        // In the matrix each line is about its own class; one kill still makes every run
+        // prove redelivery. A single run kills as often as asked.
+        let kills = if args.matrix { 1 } else { args.kills.max(1) };
+        Ok(Scenario {
+            name,
+            transport,
+            store,
+            t_name,
+            s_name,
+            semantics: args.semantics,
+            messages: args.messages,
+            workers: args.workers,
+            seed: args.seed,
+            faults,
+            kills,
+            lease: Duration::from_millis(args.lease_ms),
+        })
+    }
+
+    /// The report of a scenario that could not run to the end.
+    pub(crate) fn failed(&self, why: String) -> LabReport {
+        LabReport {
+            scenario: self.name.clone(),
+            transport: self.t_name.into(),
+            store: self.s_name.into(),
+            semantics: self.semantics.as_str().into(),
+            seed: self.seed,
+            messages: self.messages,
+            workers: self.workers,
+            faults: FaultCounts::default(),
+            deliveries: 0,
+            redeliveries: 0,
+            effects: 0,
+            lost: 0,
+            duplicate_effects: 0,
+            dead_lettered: 0,
+            drain_seconds: 0.0,
+            msgs_per_sec: 0.0,
+            verdict: "fail",
+            why,
+        }
+    }
+
+    pub(crate) async fn run(
+        &self,
+        exe: &Path,
+        progress: bool,
+        plot: Option<&Path>,
+    ) -> anyhow::Result<LabReport> {
+        match self.s_name {
+            "sqlite" => self.run_on::<SqliteStore>(exe, progress, plot).await,
+            "postgres" => self.run_on::<PgStore>(exe, progress, plot).await,
+            _ => self.run_on::<MySqlStore>(exe, progress, plot).await,
+        }
+    }
+
+    async fn run_on<B: Bank>(
+        &self,
+        exe: &Path,
+        progress: bool,
+        plot: Option<&Path>,
+    ) -> anyhow::Result<LabReport> {
+        let tmp = tempfile::Builder::new().prefix("justonce-lab-").tempdir()?;
+        let in_tmp = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
+        let transport = self.transport.clone().unwrap_or_else(|| in_tmp("queue.db"));
+        let store_url = self.store.clone().unwrap_or_else(|| in_tmp("store.db"));
+        let run_id = format!("{:08x}", fastrand::u32(..));
+        let queue = format!("justonce-lab-{run_id}");
+        let tables = Tables::new(&format!("jo_lab_{run_id}"))?;
+        let plan = Plan::new(self.messages, self.seed, MAX_PAYLOAD);
+
+        // The checker's own connections, straight to the services.
+        let store = B::open(&store_url, &tables).await?;
+        store.setup(&tables, &[]).await?;
+        let sink = Sink::open(&transport, &queue).await?;
+
+        // The workers' and the publisher's connections go through the fault proxies.
+        let (t_proxy, worker_transport) = proxied(&transport).await?;
+        let (s_proxy, worker_store) = proxied(&store_url).await?;
+        let proxies: Vec<Arc<FaultProxy>> = [t_proxy, s_proxy].into_iter().flatten().collect();
+
+        let mut rng = fastrand::Rng::with_seed(self.seed);
+        let mut kill_plan: Vec<KillAt> = Vec::new();
+        let points: &[&'static str] = if self.semantics == Semantics::AtMostOnce {
+            &["after-ack", "before-commit", "after-ack"]
+        } else {
+            &["after-commit", "before-commit", "after-commit"]
+        };
+        for i in 0..self.kills as usize {
+            kill_plan.push(if i % 4 == 3 {
+                KillAt::Random
+            } else {
+                KillAt::Point(points[i % points.len()])
+            });
+        }
+        let point_kills: Vec<&'static str> = kill_plan
+            .iter()
+            .filter_map(|k| match k {
+                KillAt::Point(p) => Some(*p),
+                KillAt::Random => None,
+            })
+            .collect();
+        // Milestones (fractions of the orders delivered) for everything but point kills.
+        let mut events: Vec<Event> = kill_plan
+            .iter()
+            .filter(|k| **k == KillAt::Random)
+            .map(|_| Event::Kill)
+            .collect();
+        for f in &self.faults {
+            match f {
+                FaultClass::Kill => {}
+                FaultClass::Pause => events.push(Event::Pause),
+                FaultClass::Cut => events.push(Event::Cut),
+                FaultClass::Delay => events.push(Event::Delay),
+                FaultClass::Blackhole => events.push(Event::Blackhole),
+                FaultClass::BrokerRestart => events.push(Event::BrokerRestart),
+                FaultClass::DbRestart => events.push(Event::DbRestart),
+            }
+        }
+        rng.shuffle(&mut events);
+        let n = events.len().max(1) as f64;
+        let mut schedule: Vec<(f64, Event)> = events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| (0.1 + 0.6 * (i as f64 + 0.5) / n, e))
+            .collect();
+        schedule.reverse(); // popped from the end, earliest first
+
+        let spec = WorkerSpec {
+            exe: exe.to_owned(),
+            transport: worker_transport.clone(),
+            store: worker_store,
+            queue: queue.clone(),
+            consumer: format!("lab-{run_id}"),
+            tables: format!("jo_lab_{run_id}"),
+            semantics: self.semantics,
+            lease: self.lease,
+        };
+        let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<(usize, u64)>();
+        let mut workers: Vec<Worker> = Vec::new();
+        let mut next_point = point_kills.iter();
+        for slot in 0..self.workers {
+            let kill = if slot == 0 {
+                next_point.next().copied()
+            } else {
+                None
+            };
+            let n = rng.u32(1..=3);
+            workers.push(spec.spawn(slot, 0, kill.map(|p| (p, n)), marks_tx.clone())?);
+        }
+        let mut publisher = Command::new(exe)
+            .args([
+                "publish",
+                "--transport",
+                &worker_transport,
+                "--queue",
+                &queue,
+            ])
+            .args([
+                "--messages",
+                &self.messages.to_string(),
+                "--seed",
+                &self.seed.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the publisher process")?;
+
+        let bar = if progress {
+            let bar = ProgressBar::new(self.messages);
+            bar.set_style(
+                ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            bar.set_prefix(format!("lab {}", self.name));
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+
+        let started = Instant::now();
+        let mut counts = FaultCounts {
+            duplicate_publishes: plan.planned().duplicate_publishes,
+            ..FaultCounts::default()
+        };
+        let busy = Arc::new(AtomicUsize::new(0));
+        let mut samples = Samples::default();
+        let mut last_fault = started;
+        let mut publisher_done = false;
+        let mut quiet = 0;
+        let mut last_seen = (u64::MAX, u64::MAX, Instant::now());
+        let mut generation = 0u64;
+        let mut rounds = 0;
+        let drained_at = loop {
+            // A worker at its fault point: kill it there, and start its replacement.
+            while let Ok((slot, gen)) = marks_rx.try_recv() {
+                if workers[slot].generation != gen {
+                    continue;
+                }
+                workers[slot].kill().await;
+                counts.kills += 1;
+                let at = workers[slot].kill_point.unwrap_or("?");
+                samples.mark(started.elapsed(), format!("kill {at}"));
+                last_fault = Instant::now();
+                generation += 1;
+                let kill = next_point.next().copied().map(|p| (p, rng.u32(1..=3)));
+                workers[slot] = spec.spawn(slot, generation, kill, marks_tx.clone())?;
+            }
+            // A worker that died on its own (it cannot start while a service is down):
+            // start it again.
+            for (slot, worker) in workers.iter_mut().enumerate() {
+                if let Ok(Some(_)) = worker.child.try_wait() {
+                    generation += 1;
+                    let kill = worker.kill_point.map(|p| (p, rng.u32(1..=3)));
+                    *worker = spec.spawn(slot, generation, kill, marks_tx.clone())?;
+                }
+            }
+            if !publisher_done {
+                if let Ok(Some(status)) = publisher.try_wait() {
+                    if !status.success() {
+                        bail!("the publisher process failed ({status})");
+                    }
+                    publisher_done = true;
+                }
+            }
+
+            let (Ok(deliveries), Ok(effects), Ok(backlog)) = (
+                store.delivery_counts(&tables).await.map(|d| d.0),
+                store.ledger_rows(&tables).await,
+                sink.backlog().await,
+            ) else {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            };
+            samples.push(started.elapsed(), effects);
+            bar.set_position(effects.min(self.messages));
+            bar.set_message(format!(
+                "kills {} pauses {} cuts {} restarts {}",
+                counts.kills,
+                counts.pauses,
+                counts.cuts,
+                counts.broker_restarts + counts.db_restarts
+            ));
+
+            let fraction = deliveries as f64 / self.messages as f64;
+            if schedule.last().is_some_and(|(at, _)| fraction >= *at) {
+                if let Some((_, event)) = schedule.pop() {
+                    let label = event
+                        .fire(
+                            &mut workers,
+                            &proxies,
+                            &busy,
+                            self.lease,
+                            &mut rng,
+                            &mut counts,
+                        )
+                        .await;
+                    samples.mark(started.elapsed(), label);
+                    last_fault = Instant::now();
+                }
+            }
+
+            let settled = publisher_done
+                && backlog == 0
+                && busy.load(Ordering::SeqCst) == 0
+                && schedule.is_empty();
+            if (deliveries, effects) != (last_seen.0, last_seen.1) {
+                last_seen = (deliveries, effects, Instant::now());
+            } else if last_seen.2.elapsed() > Duration::from_secs(120) {
+                let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+                bail!(
+                    "no progress for 120 s: {backlog} messages waiting on the transport; the workers said:\n{}",
+                    tails.join("\n")
+                );
+            }
+            quiet = if settled && last_seen.2.elapsed() > Duration::from_secs(2) {
+                quiet + 1
+            } else {
+                0
+            };
+            if quiet >= 4 {
+                // Stop the workers gracefully; what they held comes back to the queue.
+                for w in &mut workers {
+                    w.terminate().await;
+                }
+                if sink.backlog().await.unwrap_or(1) == 0 || rounds >= 3 {
+                    break Instant::now();
+                }
+                rounds += 1;
+                for (slot, worker) in workers.iter_mut().enumerate() {
+                    generation += 1;
+                    *worker = spec.spawn(slot, generation, None, marks_tx.clone())?;
+                }
+                quiet = 0;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        bar.finish_and_clear();
+        let _ = publisher.start_kill();
+
+        // The checker: everything from the business data and the transport.
+        let effects = store.effects(&tables).await?;
+        let (lost, duplicate_effects) = effects.check(plan.well_formed());
+        let (deliveries, redeliveries) = store.delivery_counts(&tables).await?;
+        let letters = sink.dead_letters().await?;
+        let dead_lettered = Sink::distinct(&letters);
+        let backlog = sink.backlog().await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut why = Vec::new();
+        if lost > 0 {
+            why.push(format!("{lost} orders lost"));
+            // Well-formed orders in the dead-letter queue are not silently lost: say why.
+            let poison: std::collections::HashSet<&str> = plan
+                .orders
+                .iter()
+                .filter(|o| o.poison)
+                .map(|o| o.order_id.as_str())
+                .collect();
+            let mut reasons: Vec<String> = letters
+                .iter()
+                .filter(|m| m.id().is_some_and(|id| !poison.contains(id.as_str())))
+                .map(|m| {
+                    let h = m.headers();
+                    h.get(justonce::DeadLetterReason::ERROR)
+                        .cloned()
+                        .or_else(|| {
+                            h.get("x-first-death-reason")
+                                .map(|r| format!("broker: {r}"))
+                        })
+                        .unwrap_or_else(|| "no reason header".into())
+                })
+                .collect();
+            if !reasons.is_empty() {
+                let n = reasons.len();
+                reasons.sort();
+                reasons.dedup();
+                why.push(format!(
+                    "{n} of them dead-lettered: {}",
+                    reasons.join(" / ")
+                ));
+            }
+        }
+        if duplicate_effects > 0 {
+            why.push(format!("{duplicate_effects} duplicate effects"));
+        }
+        if !effects.consistent {
+            why.push("balances do not add up to the ledger".to_owned());
+        }
+        if redeliveries == 0 {
+            why.push("the faults caused no redelivery: the run proves nothing".to_owned());
+        }
+        if backlog > 0 {
+            why.push(format!("{backlog} messages never drained"));
+        }
+        let report = LabReport {
+            scenario: self.name.clone(),
+            transport: self.t_name.into(),
+            store: self.s_name.into(),
+            semantics: self.semantics.as_str().into(),
+            seed: self.seed,
+            messages: self.messages,
+            workers: self.workers,
+            faults: counts,
+            deliveries,
+            redeliveries,
+            effects: effects.total,
+            lost,
+            duplicate_effects,
+            dead_lettered,
+            drain_seconds: drained_at.duration_since(last_fault).as_secs_f64(),
+            msgs_per_sec: self.messages as f64 / elapsed.max(1e-9),
+            verdict: if why.is_empty() { "pass" } else { "fail" },
+            why: why.join("; "),
+        };
+        if let Some(path) = plot {
+            std::fs::write(path, samples.svg(&report))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        sink.cleanup().await?;
+        if self.s_name != "sqlite" {
+            store.drop_tables(&tables).await?;
+        }
+        Ok(report)
+    }
+}
+
+/// A proxy in front of `url`'s server, and the URL through it; none for SQLite.
+async fn proxied(url: &str) -> anyhow::Result<(Option<Arc<FaultProxy>>, String)> {
+    if url.starts_with("sqlite:") {
+        return Ok((None, url.to_owned()));
+    }
+    let probe: SocketAddr = "127.0.0.1:0".parse()?;
+    let (_, hostport) = through(url, probe).context("cannot find host:port in the URL")?;
+    let upstream = tokio::net::lookup_host(&hostport)
+        .await?
+        .next()
+        .with_context(|| format!("cannot resolve {hostport}"))?;
+    let proxy = Arc::new(FaultProxy::start(upstream).await?);
+    let (via, _) = through(url, proxy.addr()).context("cannot rewrite the URL")?;
+    Ok((Some(proxy), via))
+}
+
+/// How to start a worker.
+struct WorkerSpec {
+    exe: std::path::PathBuf,
+    transport: String,
+    store: String,
+    queue: String,
+    consumer: String,
+    tables: String,
+    semantics: Semantics,
+    lease: Duration,
+}
+
+impl WorkerSpec {
+    /// Starts a worker in `slot`; with `kill`, it stops at that point of its n-th batch and
+    /// says so on stderr, where a reader task passes it on as `(slot, generation)`.
+    fn spawn(
+        &self,
+        slot: usize,
+        generation: u64,
+        kill: Option<(&'static str, u32)>,
+        marks: mpsc::UnboundedSender<(usize, u64)>,
+    ) -> anyhow::Result<Worker> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args([
+            "worker",
+            "--transport",
+            &self.transport,
+            "--store",
+            &self.store,
+        ])
+        .args([
+            "--queue",
+            &self.queue,
+            "--consumer",
+            &self.consumer,
+            "--tables",
+            &self.tables,
+        ])
+        .args([
+            "--semantics",
+            self.semantics.as_str(),
+            "--batch-size",
+            &BATCH.to_string(),
+        ])
+        .args(["--lease-ms", &self.lease.as_millis().to_string(), "--audit"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+        match kill {
+            Some((point, n)) => cmd.env("JUSTONCE_FAULT_PAUSE", format!("{point}:600000:{n}")),
+            None => cmd.env_remove("JUSTONCE_FAULT_PAUSE"),
+        };
+        let mut child = cmd.spawn().context("cannot start a worker process")?;
+        let stderr = child.stderr.take().context("worker stderr")?;
+        let tail = Arc::new(Mutex::new(Vec::<String>::new()));
+        let tail2 = tail.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("justonce-fault-point ") {
+                    let _ = marks.send((slot, generation));
+                }
+                let mut t = tail2.lock().unwrap_or_else(|e| e.into_inner());
+                t.push(line);
+                let n = t.len();
+                if n > 20 {
+                    t.drain(..n - 20);
+                }
+            }
+        });
+        Ok(Worker {
+            child,
+            generation,
+            kill_point: kill.map(|(p, _)| p),
+            tail,
+        })
+    }
+}
+
+/// A running worker process.
+struct Worker {
+    child: Child,
+    generation: u64,
+    kill_point: Option<&'static str>,
+    tail: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    /// The last lines the worker wrote on stderr.
+    fn tail(&self) -> String {
+        let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        format!(
+            "  [{}]\n    {}",
+            self.pid().map_or("exited".into(), |p| p.to_string()),
+            t.join("\n    ")
+        )
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGKILL, and wait for it.
+    async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// SIGTERM: finish the batch in flight, commit, ack, exit; SIGKILL after 15 s.
+    async fn terminate(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, "TERM");
+        }
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Sends a signal with kill(1) (the workspace forbids `unsafe`, so no libc::kill).
+fn signal(pid: u32, name: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A scheduled fault.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Kill,
+    Pause,
+    Cut,
+    Delay,
+    Blackhole,
+    BrokerRestart,
+    DbRestart,
+}
+
+impl Event {
+    /// Does it; returns its label for the plot. Faults with a duration (pause, delay, black
+    /// hole) end in a task of their own, counted in `busy` until they have.
+    async fn fire(
+        self,
+        workers: &mut [Worker],
+        proxies: &[Arc<FaultProxy>],
+        busy: &Arc<AtomicUsize>,
+        lease: Duration,
+        rng: &mut fastrand::Rng,
+        counts: &mut FaultCounts,
+    ) -> String {
+        let slot = rng.usize(..workers.len());
+        match self {
+            Event::Kill => {
+                workers[slot].kill().await;
+                counts.kills += 1;
+                "kill (random moment)".into()
+            }
+            Event::Pause => {
+                let span = (lease * 3).max(Duration::from_secs(2));
+                if let Some(pid) = workers[slot].pid() {
+                    signal(pid, "STOP");
+                    busy.fetch_add(1, Ordering::SeqCst);
+                    let busy = busy.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(span).await;
+                        signal(pid, "CONT");
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
+                    counts.pauses += 1;
+                }
+                format!("pause {:.1}s", span.as_secs_f64())
+            }
+            Event::Cut => {
+                for p in proxies {
+                    p.cut_all();
+                }
+                counts.cuts += 1;
+                "cut".into()
+            }
+            Event::Delay => {
+                timed(proxies, busy, Duration::from_secs(3), |p, on| {
+                    p.set_delay(if on {
+                        Duration::from_millis(100)
+                    } else {
+                        Duration::ZERO
+                    })
+                });
+                "delay 100ms x 3s".into()
+            }
+            Event::Blackhole => {
+                let span = (lease * 3).max(Duration::from_secs(3));
+                timed(proxies, busy, span, |p, on| p.set_blackhole(on));
+                counts.cuts += 1;
+                format!("blackhole {:.1}s", span.as_secs_f64())
+            }
+            Event::BrokerRestart => {
+                let stopped = rabbitmqctl("stop_app").await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let started = rabbitmqctl("start_app").await;
+                if stopped && started {
+                    counts.broker_restarts += 1;
+                }
+                "broker restart".into()
+            }
+            Event::DbRestart => {
+                if pg_restart().await {
+                    counts.db_restarts += 1;
+                }
+                "db restart".into()
+            }
+        }
+    }
+}
+
+/// Turns a proxy switch on for `span`, then off, in a task counted in `busy`.
+fn timed(
+    proxies: &[Arc<FaultProxy>],
+    busy: &Arc<AtomicUsize>,
+    span: Duration,
+    set: fn(&FaultProxy, bool),
+) {
+    for p in proxies {
+        set(p, true);
+    }
+    busy.fetch_add(1, Ordering::SeqCst);
+    let proxies = proxies.to_vec();
+    let busy = busy.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(span).await;
+        for p in &proxies {
+            set(p, false);
+        }
+        busy.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+async fn rabbitmqctl(action: &'static str) -> bool {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new("rabbitmqctl")
+            .arg(action)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Restarts the local PostgreSQL cluster; starts it if the restart failed midway.
+async fn pg_restart() -> bool {
+    tokio::task::spawn_blocking(|| {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .ok()
+            .and_then(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .max()
+            })
+            .unwrap_or_else(|| "15".into());
+        let run = |action: &str| {
+            std::process::Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", &version, "main", action])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ok = run("restart");
+        if !ok {
+            run("start");
+        }
+        ok
+    })
+    .await
+    .unwrap_or(false)
+}

@@ -1,0 +1,77 @@
+//! `justonce publish`: the demo's orders published by a process of its own, for the lab. A
+//! publish that fails (a cut connection, a restarting broker) is sent again with the same
+//! ids until it is confirmed, as a careful producer does: the consumer's dedup absorbs the
+//! duplicates that may result.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use crate::bus::Sink;
+use crate::demo::plan::{IdStrategy, Plan};
+
+/// Arguments of `justonce publish`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PublishArgs {
+    /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
+    #[arg(long, value_name = "URL")]
+    transport: String,
+    /// Queue name.
+    #[arg(long)]
+    queue: String,
+    /// Orders to publish.
+    #[arg(long)]
+    messages: u64,
+    /// Seed of the plan (which orders are poison or published twice).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The consumer's payload limit, for the oversized poison.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_payload_bytes: usize,
+    /// Give up when a publish has failed for this long.
+    #[arg(long, default_value_t = 120)]
+    give_up_after_s: u64,
+}
+
+pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
+    let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
+    let give_up = Duration::from_secs(args.give_up_after_s);
+    let sink = retry(give_up, "connect", || {
+        Sink::open(&args.transport, &args.queue)
+    })
+    .await?;
+    for chunk in plan.orders.chunks(250) {
+        let first: Vec<_> = chunk
+            .iter()
+            .map(|o| plan.message(o, IdStrategy::MessageId))
+            .collect();
+        let again: Vec<_> = chunk
+            .iter()
+            .filter(|o| o.publish_twice)
+            .map(|o| plan.message(o, IdStrategy::MessageId))
+            .collect();
+        retry(give_up, "publish", || sink.publish(&first, &again)).await?;
+    }
+    Ok(())
+}
+
+/// Runs `f` until it succeeds, pausing between attempts, for at most `give_up`.
+async fn retry<T, F, Fut>(give_up: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = justonce::Result<T>>,
+{
+    let started = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if started.elapsed() < give_up => {
+                tracing::warn!(error = %e.to_chain_string(), "{what} failed; trying again with the same ids");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("{what} kept failing for {give_up:?}"))
+            }
+        }
+    }
+}
