@@ -131,6 +131,8 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
             _ = drained => {}
         }
     };
+    // The lab starts its publisher once every worker has said this.
+    eprintln!("justonce-worker ready");
     consumer.run_until(shutdown).await?;
     Ok(())
 }

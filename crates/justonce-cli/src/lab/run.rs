@@ -222,7 +222,7 @@ impl Scenario {
             semantics: self.semantics,
             lease: self.lease,
         };
-        let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<(usize, u64)>();
+        let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<Mark>();
         let mut workers: Vec<Worker> = Vec::new();
         let mut next_point = point_kills.iter();
         for slot in 0..self.workers {
@@ -233,6 +233,23 @@ impl Scenario {
             };
             let n = rng.u32(1..=3);
             workers.push(spec.spawn(slot, 0, kill.map(|p| (p, n)), marks_tx.clone())?);
+        }
+        // The publisher starts once every worker is consuming, so that the first worker's
+        // kill point is reached however fast the queue drains.
+        let mut ready = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ready < self.workers {
+            match tokio::time::timeout_at(deadline.into(), marks_rx.recv()).await {
+                Ok(Some(Mark::Ready)) => ready += 1,
+                Ok(Some(Mark::FaultPoint(..))) => {}
+                _ => {
+                    let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+                    bail!(
+                        "the workers did not start within 60 s:\n{}",
+                        tails.join("\n")
+                    );
+                }
+            }
         }
         let mut publisher = Command::new(exe)
             .args([
@@ -282,7 +299,10 @@ impl Scenario {
         let mut rounds = 0;
         let drained_at = loop {
             // A worker at its fault point: kill it there, and start its replacement.
-            while let Ok((slot, gen)) = marks_rx.try_recv() {
+            while let Ok(mark) = marks_rx.try_recv() {
+                let Mark::FaultPoint(slot, gen) = mark else {
+                    continue;
+                };
                 if workers[slot].generation != gen {
                     continue;
                 }
@@ -509,7 +529,7 @@ impl WorkerSpec {
         slot: usize,
         generation: u64,
         kill: Option<(&'static str, u32)>,
-        marks: mpsc::UnboundedSender<(usize, u64)>,
+        marks: mpsc::UnboundedSender<Mark>,
     ) -> anyhow::Result<Worker> {
         let mut cmd = Command::new(&self.exe);
         cmd.args([
@@ -549,7 +569,9 @@ impl WorkerSpec {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if line.starts_with("justonce-fault-point ") {
-                    let _ = marks.send((slot, generation));
+                    let _ = marks.send(Mark::FaultPoint(slot, generation));
+                } else if line.starts_with("justonce-worker ready") {
+                    let _ = marks.send(Mark::Ready);
                 }
                 let mut t = tail2.lock().unwrap_or_else(|e| e.into_inner());
                 t.push(line);
@@ -566,6 +588,15 @@ impl WorkerSpec {
             tail,
         })
     }
+}
+
+/// What a worker says on stderr that the lab acts on.
+#[derive(Debug, Clone, Copy)]
+enum Mark {
+    /// It is consuming.
+    Ready,
+    /// It stopped at its fault point: kill it now. `(slot, generation)`.
+    FaultPoint(usize, u64),
 }
 
 /// A running worker process.

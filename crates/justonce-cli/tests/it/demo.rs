@@ -246,21 +246,21 @@ fn ids_derived_by_the_consumer_survive_a_producer_that_regenerates_them() {
     }
 }
 
-fn postgres_url() -> Option<String> {
+pub(crate) fn postgres_url() -> Option<String> {
     justonce::conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
         std::env::var("JUSTONCE_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
     })
 }
 
-fn mysql_url() -> Option<String> {
+pub(crate) fn mysql_url() -> Option<String> {
     justonce::conformance::service_available("MariaDB", "127.0.0.1:3306").then(|| {
         std::env::var("JUSTONCE_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
     })
 }
 
-fn amqp_url() -> Option<String> {
+pub(crate) fn amqp_url() -> Option<String> {
     justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672").then(|| {
         std::env::var("JUSTONCE_AMQP_URL")
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())

@@ -1,4 +1,5 @@
-//! Tests of the `justonce` binary: the demo's contract and real process kills.
+//! Tests of the `justonce` binary: the demo's contract, real process kills, and the lab.
 
 mod demo;
 mod kill;
+mod lab;

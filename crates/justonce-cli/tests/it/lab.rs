@@ -1,0 +1,116 @@
+//! `justonce lab` end to end: real worker processes under real faults, and a checker that
+//! passes effectively-once and fails the weaker semantics. Broker and database restarts are
+//! left to the matrix in `.ci/run`, which runs alone: here other tests share the services.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::demo::{amqp_url, postgres_url};
+
+/// Runs the lab with `--json`; returns its report and whether it exited 0.
+fn lab(args: &[&str]) -> (Value, bool) {
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["lab", "--json", "--workers", "2", "--lease-ms", "500"])
+        .args(args)
+        .output()
+        .expect("the justonce binary runs");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON object ({e}); stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (report, out.status.success())
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a count in {v}"))
+}
+
+#[test]
+fn the_lab_passes_effectively_once_and_fails_the_weaker_semantics() {
+    let (eo, ok) = lab(&["--messages", "1500", "--semantics", "effectively-once"]);
+    for key in [
+        "scenario",
+        "transport",
+        "store",
+        "semantics",
+        "seed",
+        "messages",
+        "workers",
+        "faults",
+        "deliveries",
+        "redeliveries",
+        "effects",
+        "lost",
+        "duplicate_effects",
+        "dead_lettered",
+        "drain_seconds",
+        "msgs_per_sec",
+        "verdict",
+        "why",
+    ] {
+        assert!(eo.get(key).is_some(), "missing {key} in {eo}");
+    }
+    assert!(ok, "{eo}");
+    assert_eq!(eo["verdict"], "pass", "{eo}");
+    assert!(n(&eo["faults"], "kills") >= 3, "{eo}");
+    assert!(n(&eo["faults"], "pauses") >= 1, "{eo}");
+    assert!(n(&eo, "redeliveries") > 0, "{eo}");
+    assert_eq!(n(&eo, "lost"), 0, "{eo}");
+    assert_eq!(n(&eo, "duplicate_effects"), 0, "{eo}");
+
+    let (alo, ok) = lab(&["--messages", "1500", "--semantics", "at-least-once"]);
+    assert!(!ok, "the checker fails at-least-once: {alo}");
+    assert_eq!(alo["verdict"], "fail");
+    assert!(n(&alo, "duplicate_effects") > 0, "{alo}");
+    assert_eq!(n(&alo, "lost"), 0, "{alo}");
+
+    let (amo, ok) = lab(&["--messages", "1500", "--semantics", "at-most-once"]);
+    assert!(!ok, "the checker fails at-most-once: {amo}");
+    assert!(n(&amo, "lost") > 0, "{amo}");
+}
+
+#[test]
+fn the_lab_on_rabbitmq_and_postgres_survives_kills_pauses_and_network_faults() {
+    let (Some(amqp), Some(pg)) = (amqp_url(), postgres_url()) else {
+        return;
+    };
+    let (r, ok) = lab(&[
+        "--transport",
+        &amqp,
+        "--store",
+        &pg,
+        "--messages",
+        "1500",
+        "--faults",
+        "kill,pause,cut,delay,blackhole",
+    ]);
+    assert!(ok, "{r}");
+    assert_eq!(r["transport"], "amqp");
+    assert_eq!(r["store"], "postgres");
+    assert!(n(&r["faults"], "cuts") >= 2, "a cut and a black hole: {r}");
+    assert!(n(&r, "redeliveries") > 0, "{r}");
+    assert_eq!(n(&r, "lost") + n(&r, "duplicate_effects"), 0, "{r}");
+}
+
+#[test]
+fn the_lab_on_a_postgres_queue_survives_cuts_and_pauses_longer_than_the_lease() {
+    let Some(pg) = postgres_url() else { return };
+    let (r, ok) = lab(&[
+        "--transport",
+        &pg,
+        "--store",
+        &pg,
+        "--messages",
+        "1500",
+        "--faults",
+        "kill,pause,cut",
+    ]);
+    assert!(ok, "{r}");
+    assert_eq!(r["transport"], "postgres");
+    assert_eq!(n(&r, "lost") + n(&r, "duplicate_effects"), 0, "{r}");
+}
