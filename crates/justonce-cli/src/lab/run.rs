@@ -236,21 +236,7 @@ impl Scenario {
         }
         // The publisher starts once every worker is consuming, so that the first worker's
         // kill point is reached however fast the queue drains.
-        let mut ready = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while ready < self.workers {
-            match tokio::time::timeout_at(deadline.into(), marks_rx.recv()).await {
-                Ok(Some(Mark::Ready)) => ready += 1,
-                Ok(Some(Mark::FaultPoint(..))) => {}
-                _ => {
-                    let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
-                    bail!(
-                        "the workers did not start within 60 s:\n{}",
-                        tails.join("\n")
-                    );
-                }
-            }
-        }
+        wait_ready(&mut marks_rx, &workers).await?;
         let mut publisher = Command::new(exe)
             .args([
                 "publish",
@@ -400,6 +386,10 @@ impl Scenario {
                     generation += 1;
                     *worker = spec.spawn(slot, generation, None, marks_tx.clone())?;
                 }
+                // Quiet again only after the new workers have had their chance: they take
+                // what came back at once (so nothing looks ready) and need time to start.
+                wait_ready(&mut marks_rx, &workers).await?;
+                last_seen.2 = Instant::now();
                 quiet = 0;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -460,6 +450,8 @@ impl Scenario {
         }
         if backlog > 0 {
             why.push(format!("{backlog} messages never drained"));
+            let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+            eprintln!("lab: the last workers said:\n{}", tails.join("\n"));
         }
         let report = LabReport {
             scenario: self.name.clone(),
@@ -491,6 +483,30 @@ impl Scenario {
         }
         Ok(report)
     }
+}
+
+/// Waits until every worker has said it is consuming; fault-point marks that arrive
+/// meanwhile are dropped (their workers are gone or will be replaced).
+async fn wait_ready(
+    marks: &mut mpsc::UnboundedReceiver<Mark>,
+    workers: &[Worker],
+) -> anyhow::Result<()> {
+    let mut ready = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready < workers.len() {
+        match tokio::time::timeout_at(deadline.into(), marks.recv()).await {
+            Ok(Some(Mark::Ready)) => ready += 1,
+            Ok(Some(Mark::FaultPoint(..))) => {}
+            _ => {
+                let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+                bail!(
+                    "the workers did not start within 60 s:\n{}",
+                    tails.join("\n")
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A proxy in front of `url`'s server, and the URL through it; none for SQLite.
