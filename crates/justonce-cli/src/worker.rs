@@ -50,6 +50,9 @@ pub(crate) struct WorkerArgs {
     /// Ack inside the business transaction (a PostgreSQL queue in the store's database).
     #[arg(long)]
     ack_in_transaction: bool,
+    /// Longest pause after failed batches, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    backoff_max_ms: u64,
     /// Largest payload accepted; larger ones are dead-lettered.
     #[arg(long, default_value_t = 16 * 1024)]
     max_payload_bytes: usize,
@@ -82,6 +85,7 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     opts.semantics = args.semantics;
     opts.batch_size = args.batch_size;
     opts.max_payload_bytes = args.max_payload_bytes;
+    opts.backoff_max = Duration::from_millis(args.backoff_max_ms).max(opts.backoff_base);
     opts.receive_wait = Duration::from_millis(100);
     let source = if args.audit {
         Arc::new(Audited {

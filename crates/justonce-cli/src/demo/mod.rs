@@ -44,7 +44,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 100)]
     batch_size: usize,
     /// Batches processed at the same time (default: 2 on SQLite, 1 on PostgreSQL and
-    /// MariaDB, where two batches paying into the same 100 accounts in random order would
+    /// MariaDB, where two batches paying into the same accounts in opposite orders would
     /// deadlock each other; the runtime survives that by retrying the batch, slowly).
     #[arg(long)]
     concurrency: Option<usize>,

@@ -24,8 +24,15 @@ use crate::orders::{Bank, Tables};
 
 /// The consumers' payload limit (the plan's oversized poison is one byte over).
 const MAX_PAYLOAD: usize = 16 * 1024;
-/// Deliveries per worker batch.
-const BATCH: usize = 50;
+/// Deliveries per worker batch: small, so that the workers' transactions, which pay into the
+/// same 100 accounts, deadlock each other less often.
+const BATCH: usize = 20;
+/// The workers' longest pause after failed batches. A pausing worker on RabbitMQ still holds
+/// the deliveries it prefetched, so the drain waits longer than this before it calls the
+/// pipeline quiet.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long nothing may move before the pipeline counts as drained.
+const QUIET: Duration = Duration::from_secs(5);
 
 /// Where a kill lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,7 +375,7 @@ impl Scenario {
                     tails.join("\n")
                 );
             }
-            quiet = if settled && last_seen.2.elapsed() > Duration::from_secs(2) {
+            quiet = if settled && last_seen.2.elapsed() > QUIET {
                 quiet + 1
             } else {
                 0
@@ -378,7 +385,7 @@ impl Scenario {
                 for w in &mut workers {
                     w.terminate().await;
                 }
-                if sink.backlog().await.unwrap_or(1) == 0 || rounds >= 3 {
+                if sink.backlog().await.unwrap_or(1) == 0 || rounds >= 10 {
                     break Instant::now();
                 }
                 rounds += 1;
@@ -570,6 +577,7 @@ impl WorkerSpec {
             &BATCH.to_string(),
         ])
         .args(["--lease-ms", &self.lease.as_millis().to_string(), "--audit"])
+        .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
