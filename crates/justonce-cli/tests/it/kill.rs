@@ -285,10 +285,12 @@ fn sigterm_mid_batch_finishes_commits_acks_and_exits_zero() {
     let mut child = worker(&s, "effectively-once", Some("before-commit:1000"), false);
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
+    // It says it is ready, then where it stopped.
     let line = lines
-        .next()
-        .expect("the worker announces its fault point")
-        .unwrap();
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("justonce-fault-point"))
+        .expect("the worker announces its fault point");
     assert!(
         line.contains("justonce-fault-point before-commit batch=50"),
         "{line}"
