@@ -233,11 +233,8 @@ impl Scenario {
         let mut workers: Vec<Worker> = Vec::new();
         let mut next_point = point_kills.iter();
         for slot in 0..self.workers {
-            let kill = if slot == 0 {
-                next_point.next().copied()
-            } else {
-                None
-            };
+            // Every first worker carries a kill point, so kills happen early in any run.
+            let kill = next_point.next().copied();
             let n = rng.u32(1..=3);
             workers.push(spec.spawn(slot, 0, kill.map(|p| (p, n)), marks_tx.clone())?);
         }
