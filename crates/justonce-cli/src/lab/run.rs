@@ -110,7 +110,8 @@ impl Scenario {
         })
     }
 
-    /// The report of a scenario that could not run to the end.
+    /// The report of a scenario that could not run to the end; with its counts filled in,
+    /// the base of every report.
     pub(crate) fn failed(&self, why: String) -> LabReport {
         LabReport {
             scenario: self.name.clone(),
@@ -193,26 +194,22 @@ impl Scenario {
                 KillAt::Random => None,
             })
             .collect();
-        // Milestones (fractions of the orders delivered) for everything but point kills.
-        let mut events: Vec<Event> = kill_plan
+        // Milestones (fractions of the orders delivered) for everything but point kills: a
+        // scheduled `Kill` is a kill at a random moment.
+        let mut events: Vec<FaultClass> = kill_plan
             .iter()
             .filter(|k| **k == KillAt::Random)
-            .map(|_| Event::Kill)
+            .map(|_| FaultClass::Kill)
+            .chain(
+                self.faults
+                    .iter()
+                    .copied()
+                    .filter(|f| *f != FaultClass::Kill),
+            )
             .collect();
-        for f in &self.faults {
-            match f {
-                FaultClass::Kill => {}
-                FaultClass::Pause => events.push(Event::Pause),
-                FaultClass::Cut => events.push(Event::Cut),
-                FaultClass::Delay => events.push(Event::Delay),
-                FaultClass::Blackhole => events.push(Event::Blackhole),
-                FaultClass::BrokerRestart => events.push(Event::BrokerRestart),
-                FaultClass::DbRestart => events.push(Event::DbRestart),
-            }
-        }
         rng.shuffle(&mut events);
         let n = events.len().max(1) as f64;
-        let mut schedule: Vec<(f64, Event)> = events
+        let mut schedule: Vec<(f64, FaultClass)> = events
             .into_iter()
             .enumerate()
             .map(|(i, e)| (0.1 + 0.6 * (i as f64 + 0.5) / n, e))
@@ -366,7 +363,7 @@ impl Scenario {
             if (deliveries, effects) != (last_seen.0, last_seen.1) {
                 last_seen = (deliveries, effects, Instant::now());
             } else if last_seen.2.elapsed() > Duration::from_secs(120) {
-                let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+                let tails = tails(&workers);
                 bail!(
                     "no progress for 120 s: {backlog} messages waiting on the transport; the workers said:\n{}",
                     tails.join("\n")
@@ -454,17 +451,10 @@ impl Scenario {
         }
         if backlog > 0 {
             why.push(format!("{backlog} messages never drained"));
-            let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+            let tails = tails(&workers);
             eprintln!("lab: the last workers said:\n{}", tails.join("\n"));
         }
         let report = LabReport {
-            scenario: self.name.clone(),
-            transport: self.t_name.into(),
-            store: self.s_name.into(),
-            semantics: self.semantics.as_str().into(),
-            seed: self.seed,
-            messages: self.messages,
-            workers: self.workers,
             faults: counts,
             deliveries,
             redeliveries,
@@ -476,6 +466,7 @@ impl Scenario {
             msgs_per_sec: self.messages as f64 / elapsed.max(1e-9),
             verdict: if why.is_empty() { "pass" } else { "fail" },
             why: why.join("; "),
+            ..self.failed(String::new())
         };
         if let Some(path) = plot {
             std::fs::write(path, samples.svg(&report))
@@ -502,7 +493,7 @@ async fn wait_ready(
             Ok(Some(Mark::Ready)) => ready += 1,
             Ok(Some(Mark::FaultPoint(..))) => {}
             _ => {
-                let tails: Vec<String> = workers.iter().map(Worker::tail).collect();
+                let tails = tails(workers);
                 bail!(
                     "the workers did not start within 60 s:\n{}",
                     tails.join("\n")
@@ -611,6 +602,11 @@ impl WorkerSpec {
     }
 }
 
+/// The last stderr lines of each worker, for an error message.
+fn tails(workers: &[Worker]) -> Vec<String> {
+    workers.iter().map(Worker::tail).collect()
+}
+
 /// What a worker says on stderr that the lab acts on.
 #[derive(Debug, Clone, Copy)]
 enum Mark {
@@ -672,20 +668,8 @@ fn signal(pid: u32, name: &str) {
         .status();
 }
 
-/// A scheduled fault.
-#[derive(Debug, Clone, Copy)]
-enum Event {
-    Kill,
-    Pause,
-    Cut,
-    Delay,
-    Blackhole,
-    BrokerRestart,
-    DbRestart,
-}
-
-impl Event {
-    /// Does it; returns its label for the plot. Faults with a duration (pause, delay, black
+impl FaultClass {
+    /// Does it at its milestone; returns its label for the plot. Faults with a duration (pause, delay, black
     /// hole) end in a task of their own, counted in `busy` until they have.
     async fn fire(
         self,
@@ -698,12 +682,12 @@ impl Event {
     ) -> String {
         let slot = rng.usize(..workers.len());
         match self {
-            Event::Kill => {
+            FaultClass::Kill => {
                 workers[slot].kill().await;
                 counts.kills += 1;
                 "kill (random moment)".into()
             }
-            Event::Pause => {
+            FaultClass::Pause => {
                 let span = (lease * 3).max(Duration::from_secs(2));
                 if let Some(pid) = workers[slot].pid() {
                     signal(pid, "STOP");
@@ -718,14 +702,14 @@ impl Event {
                 }
                 format!("pause {:.1}s", span.as_secs_f64())
             }
-            Event::Cut => {
+            FaultClass::Cut => {
                 for p in proxies {
                     p.cut_all();
                 }
                 counts.cuts += 1;
                 "cut".into()
             }
-            Event::Delay => {
+            FaultClass::Delay => {
                 timed(proxies, busy, Duration::from_secs(3), |p, on| {
                     p.set_delay(if on {
                         Duration::from_millis(100)
@@ -735,13 +719,13 @@ impl Event {
                 });
                 "delay 100ms x 3s".into()
             }
-            Event::Blackhole => {
+            FaultClass::Blackhole => {
                 let span = (lease * 3).max(Duration::from_secs(3));
                 timed(proxies, busy, span, |p, on| p.set_blackhole(on));
                 counts.cuts += 1;
                 format!("blackhole {:.1}s", span.as_secs_f64())
             }
-            Event::BrokerRestart => {
+            FaultClass::BrokerRestart => {
                 let stopped = rabbitmqctl("stop_app").await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let started = rabbitmqctl("start_app").await;
@@ -750,7 +734,7 @@ impl Event {
                 }
                 "broker restart".into()
             }
-            Event::DbRestart => {
+            FaultClass::DbRestart => {
                 if pg_restart().await {
                     counts.db_restarts += 1;
                 }
