@@ -49,7 +49,8 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 
 /// `Store` and `DedupStore` for a struct with fields `pool` and `sql: Arc<DedupSql>`.
 /// `begin:` is the pool call that opens a transaction; `purge:` names an inherent method
-/// `(retention, batch) -> Result<u64>` replacing the batched delete of `sql.purge`.
+/// `(retention) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
+/// leave it to the batched delete of `sql.purge`.
 macro_rules! impl_dedup_store {
     ($store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? ) $(, purge: $purge:ident)?) => {
         #[async_trait::async_trait]
@@ -124,8 +125,11 @@ macro_rules! impl_dedup_store {
             }
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
-                $(return self.$purge(retention, batch).await;)?
-                #[allow(unreachable_code)]
+                $(
+                    if let Some(n) = self.$purge(retention).await? {
+                        return Ok(n);
+                    }
+                )?
                 Ok(sqlx::query(&self.sql.purge)
                     .bind(retention.as_millis() as i64)
                     .bind(i64::from(batch))

@@ -260,17 +260,13 @@ impl PgStore {
         Ok(dropped)
     }
 
-    async fn purge_records(&self, retention: Duration, batch: u32) -> Result<u64> {
-        if self.partitioned {
-            return self.drop_partitions(retention).await;
+    /// The purge of a partitioned table; `None` (batched delete) otherwise.
+    async fn purge_partitions(&self, retention: Duration) -> Result<Option<u64>> {
+        if !self.partitioned {
+            return Ok(None);
         }
-        Ok(sqlx::query(&self.sql.purge)
-            .bind(retention.as_millis() as i64)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        self.drop_partitions(retention).await.map(Some)
     }
 }
 
-impl_dedup_store!(PgStore, PgTx, "postgres", begin: begin(), purge: purge_records);
+impl_dedup_store!(PgStore, PgTx, "postgres", begin: begin(), purge: purge_partitions);
