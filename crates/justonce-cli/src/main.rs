@@ -1,5 +1,6 @@
 //! The `justonce` command. Thin over the libraries: argument parsing, output, exit codes.
 
+mod bench;
 mod bus;
 mod demo;
 mod lab;
@@ -25,6 +26,13 @@ enum Command {
     /// Real faults on real processes: a publisher and K consumer workers under kills,
     /// pauses, network cuts and restarts, checked from the business data.
     Lab(lab::LabArgs),
+    /// The price of each semantic and of the framework: at-most-once, at-least-once,
+    /// effectively-once and a bare baseline side by side, swept over batch size,
+    /// concurrency and message size.
+    Bench(bench::BenchArgs),
+    /// One bench run as its own process (used by `bench`).
+    #[command(hide = true)]
+    BenchRun(bench::BenchRunArgs),
     /// Run the order/payment consumer as its own process (used by tests and the lab).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -38,7 +46,10 @@ fn main() -> std::process::ExitCode {
     // The demo's faults are on purpose: its warnings would drown the table.
     // lapin logs a broker restart as errors; the lab reports it as a fault it made.
     init_tracing(
-        if matches!(cli.command, Command::Demo(_) | Command::Lab(_)) {
+        if matches!(
+            cli.command,
+            Command::Demo(_) | Command::Lab(_) | Command::Bench(_)
+        ) {
             "error,lapin=off"
         } else {
             "error,justonce=warn"
@@ -61,6 +72,8 @@ fn main() -> std::process::ExitCode {
             Command::Lab(args) => lab::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Publish(args) => publish::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::BenchRun(args) => bench::run_child(args).await,
         }
     });
     match result {

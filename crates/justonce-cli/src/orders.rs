@@ -346,6 +346,13 @@ pub(crate) trait Bank: DedupStore + Clone {
     /// The transport's ack inside this database's transactions, when `bus` is a queue in
     /// this database (the PostgreSQL queue with the PostgreSQL store).
     fn transactional_ack(bus: &Bus) -> Option<Arc<dyn TransactionalAck<Self::Tx>>>;
+
+    /// A transaction straight from the sqlx pool, as code without justonce would open it
+    /// (the bench's bare baseline).
+    async fn begin_direct(&self) -> Result<Self::Tx>;
+
+    /// Commits a transaction of [`Bank::begin_direct`] with sqlx.
+    async fn commit_direct(tx: Self::Tx) -> Result<()>;
 }
 
 /// Implements [`Bank`] for one database. `ph` makes the n-th placeholder; `serial` is an
@@ -356,7 +363,8 @@ macro_rules! bank {
         $store:ty, $opts:ty, $tx:ty, state: $state:ty, version: $version:ty, ph: $ph:expr,
         serial: $serial:literal, ignore: ($ins:literal, $conflict:literal),
         claims: |$self_:ident, $url:ident, $table:ident| $claims:expr,
-        tx_ack: |$bus:ident| $tx_ack:expr $(,)?
+        tx_ack: |$bus:ident| $tx_ack:expr,
+        begin: |$pool:ident| $begin:expr $(,)?
     ) => {
         #[async_trait]
         impl Bank for $store {
@@ -521,6 +529,15 @@ macro_rules! bank {
                 $tx_ack
             }
 
+            async fn begin_direct(&self) -> Result<$tx> {
+                let $pool = self.pool();
+                Ok($begin.await?)
+            }
+
+            async fn commit_direct(tx: $tx) -> Result<()> {
+                Ok(tx.commit().await?)
+            }
+
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {
                 let ph: fn(usize) -> String = $ph;
                 let updated = sqlx::query(&format!(
@@ -563,6 +580,7 @@ bank!(
     serial: "INTEGER PRIMARY KEY AUTOINCREMENT", ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
     claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
     tx_ack: |_bus| None,
+    begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
 );
 bank!(
     PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, ph: dollar,
@@ -573,12 +591,14 @@ bank!(
         Bus::Pg(q) => Some(Arc::new(q.clone())),
         _ => None,
     },
+    begin: |pool| pool.begin(),
 );
 bank!(
     MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, ph: question,
     serial: "BIGINT AUTO_INCREMENT PRIMARY KEY", ignore: ("INSERT IGNORE INTO", ""),
     claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,
     tx_ack: |_bus| None,
+    begin: |pool| pool.begin(),
 );
 
 /// Rows per order id in `table` (the ledger, or the API's charges), and their total.

@@ -173,6 +173,70 @@ pub async fn dedup_claims<S: DedupStore>(store: Arc<S>, ns: &str) {
         wins, 1,
         "two concurrent claims of one key: exactly one wins"
     );
+
+    dedup_claim_many(store.as_ref(), &consumer, ns).await;
+}
+
+/// `claim_many`: the same answers as claims one by one, in order, with repeats inside the
+/// batch and keys recorded before; rolled back with its transaction.
+async fn dedup_claim_many<S: DedupStore>(store: &S, consumer: &str, ns: &str) {
+    let fp = Fingerprint::of(b"payload");
+    let other_fp = Fingerprint::of(b"another payload");
+    // m1 was committed above with `fp`; m5 is new and comes twice; m6 is new, then again
+    // with another payload; m7 is new. The order is not sorted on purpose.
+    let (m1, m5, m6, m7) = (
+        id(&format!("{ns}-m1")),
+        id(&format!("{ns}-m5")),
+        id(&format!("{ns}-m6")),
+        id(&format!("{ns}-m7")),
+    );
+    let keys = [
+        (&m7, fp),
+        (&m5, fp),
+        (&m1, fp),
+        (&m5, fp),
+        (&m6, fp),
+        (&m1, other_fp),
+        (&m6, other_fp),
+    ];
+    let mut tx = store.begin().await.unwrap();
+    let answers = store.claim_many(&mut tx, consumer, &keys).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Claim::Fresh,
+            Claim::Fresh,
+            Claim::Duplicate,
+            Claim::Duplicate,
+            Claim::Fresh,
+            Claim::Conflict { stored: fp },
+            Claim::Conflict { stored: fp },
+        ],
+        "claim_many answers each key as one-by-one claims would, in order"
+    );
+    store.rollback(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let answers = store
+        .claim_many(&mut tx, consumer, &[(&m5, fp), (&m7, fp)])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh, Claim::Fresh],
+        "a rolled-back claim_many leaves nothing behind"
+    );
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let key = DedupKey {
+        consumer,
+        message_id: &m7,
+    };
+    assert_eq!(
+        store.claim(&mut tx, key, fp).await.unwrap(),
+        Claim::Duplicate,
+        "a committed claim_many records its keys"
+    );
+    store.rollback(tx).await.unwrap();
 }
 
 /// The purge half of [`dedup_store`], after [`dedup_claims`] with the same `ns`: records

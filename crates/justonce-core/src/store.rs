@@ -69,6 +69,28 @@ pub trait DedupStore: Store {
     /// stamped with the store's clock.
     async fn claim(&self, tx: &mut Self::Tx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim>;
 
+    /// Records every key of a batch in `tx` at once: one answer per key, in order. A key
+    /// that appears twice answers at its first place as [`DedupStore::claim`] would, and at
+    /// the later ones as a [`Claim::Duplicate`] (same fingerprint) or [`Claim::Conflict`] of
+    /// the first. The default claims one key after the other; the SQL stores answer in one
+    /// statement, plus one for the keys that were there already.
+    async fn claim_many(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Vec<Claim>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (id, fp) in keys {
+            let key = DedupKey {
+                consumer,
+                message_id: id,
+            };
+            out.push(self.claim(tx, key, *fp).await?);
+        }
+        Ok(out)
+    }
+
     /// Deletes at most `batch` records older than `retention` by the store's clock;
     /// returns how many it deleted. Call it repeatedly; it never holds locks for long.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;

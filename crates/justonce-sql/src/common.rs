@@ -15,6 +15,109 @@ pub(crate) struct DedupSql {
     pub(crate) claim: String,
     pub(crate) fingerprint: String,
     pub(crate) purge: String,
+    /// A batch's claims in two statements; `None` claims key by key.
+    pub(crate) many: Option<ManySql>,
+}
+
+/// The statements of `claim_many` for a dedup table with a unique `(consumer, message_id)`
+/// and `INSERT … ON CONFLICT DO NOTHING RETURNING` (SQLite, PostgreSQL). Parameters: the
+/// insert takes `(consumer, message id, fingerprint)` per row; the select takes the
+/// consumer, then the message ids.
+#[derive(Debug)]
+pub(crate) struct ManySql {
+    pub(crate) table: String,
+    /// Columns and values after `(consumer, message_id, fingerprint`: `""` when the table's
+    /// default stamps the row, or `", processed_at"` and its SQL expression.
+    pub(crate) stamp: (&'static str, String),
+    /// `$n` placeholders (PostgreSQL) instead of `?`.
+    pub(crate) dollar: bool,
+}
+
+/// Keys per statement: three parameters each stays far below every placeholder limit.
+pub(crate) const MANY_CHUNK: usize = 500;
+
+impl ManySql {
+    fn ph(&self, i: usize) -> String {
+        if self.dollar {
+            format!("${i}")
+        } else {
+            "?".to_owned()
+        }
+    }
+
+    pub(crate) fn insert(&self, n: usize) -> String {
+        let (col, value) = &self.stamp;
+        let rows: Vec<String> = (0..n)
+            .map(|k| {
+                format!(
+                    "({}, {}, {}{value})",
+                    self.ph(3 * k + 1),
+                    self.ph(3 * k + 2),
+                    self.ph(3 * k + 3)
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}
+             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
+            self.table,
+            rows.join(", ")
+        )
+    }
+
+    pub(crate) fn select(&self, n: usize) -> String {
+        let ids: Vec<String> = (0..n).map(|k| self.ph(k + 2)).collect();
+        format!(
+            "SELECT message_id, fingerprint FROM {} WHERE consumer = {} AND message_id IN ({})",
+            self.table,
+            self.ph(1),
+            ids.join(", ")
+        )
+    }
+}
+
+/// The answers of `claim_many` in the order of `keys`, from the ids the insert recorded
+/// and the fingerprints stored before for the others.
+pub(crate) fn many_answers(
+    keys: &[(&justonce_core::MessageId, Fingerprint)],
+    inserted: &std::collections::HashSet<String>,
+    stored: &std::collections::HashMap<String, String>,
+) -> justonce_core::Result<Vec<Claim>> {
+    let mut record: std::collections::HashMap<&str, Fingerprint> = Default::default();
+    let mut out = Vec::with_capacity(keys.len());
+    for (id, fp) in keys {
+        let id = id.as_str();
+        if let Some(first) = record.get(id) {
+            out.push(if first == fp {
+                Claim::Duplicate
+            } else {
+                Claim::Conflict { stored: *first }
+            });
+            continue;
+        }
+        let claim = if inserted.contains(id) {
+            record.insert(id, *fp);
+            Claim::Fresh
+        } else {
+            let s = stored.get(id).ok_or_else(|| {
+                justonce_core::Error::new(
+                    justonce_core::ErrorKind::Busy,
+                    format!("dedup record of {id} neither inserted nor found; retry the batch"),
+                )
+            })?;
+            let c = existing(s, *fp);
+            record.insert(
+                id,
+                match c {
+                    Claim::Conflict { stored } => stored,
+                    _ => *fp,
+                },
+            );
+            c
+        };
+        out.push(claim);
+    }
+    Ok(out)
 }
 
 /// The claim store's statements. Parameters, in order:
@@ -122,6 +225,61 @@ macro_rules! impl_dedup_store {
                     .fetch_one(&mut **tx)
                     .await?;
                 Ok($crate::common::existing(&stored, fp))
+            }
+
+            async fn claim_many(
+                &self,
+                tx: &mut $tx,
+                consumer: &str,
+                keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
+            ) -> justonce_core::Result<Vec<justonce_core::Claim>> {
+                use sqlx::Row as _;
+                let Some(many) = &self.sql.many else {
+                    let mut out = Vec::with_capacity(keys.len());
+                    for (id, fp) in keys {
+                        let key = justonce_core::DedupKey { consumer, message_id: id };
+                        out.push(justonce_core::DedupStore::claim(self, tx, key, *fp).await?);
+                    }
+                    return Ok(out);
+                };
+                // Each key once, in one order for every batch, so that two batches holding
+                // the same keys take their row locks in the same order.
+                let mut distinct: Vec<(&str, justonce_core::Fingerprint)> = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                for (id, fp) in keys {
+                    if seen.insert(id.as_str()) {
+                        distinct.push((id.as_str(), *fp));
+                    }
+                }
+                distinct.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let mut inserted = std::collections::HashSet::new();
+                for chunk in distinct.chunks($crate::common::MANY_CHUNK) {
+                    let sql = many.insert(chunk.len());
+                    let mut q = sqlx::query(&sql);
+                    for (id, fp) in chunk {
+                        q = q.bind(consumer).bind(*id).bind(fp.to_hex());
+                    }
+                    for row in q.fetch_all(&mut **tx).await? {
+                        inserted.insert(row.try_get::<String, _>(0)?);
+                    }
+                }
+                let others: Vec<&str> = distinct
+                    .iter()
+                    .map(|k| k.0)
+                    .filter(|id| !inserted.contains(*id))
+                    .collect();
+                let mut stored = std::collections::HashMap::new();
+                for chunk in others.chunks($crate::common::MANY_CHUNK) {
+                    let sql = many.select(chunk.len());
+                    let mut q = sqlx::query(&sql).bind(consumer);
+                    for id in chunk {
+                        q = q.bind(*id);
+                    }
+                    for row in q.fetch_all(&mut **tx).await? {
+                        stored.insert(row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?);
+                    }
+                }
+                $crate::common::many_answers(keys, &inserted, &stored)
             }
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {

@@ -84,6 +84,8 @@ impl MySqlStore {
             purge: format!(
                 "DELETE FROM {t} WHERE processed_at < NOW(6) - INTERVAL (? * 1000) MICROSECOND LIMIT ?"
             ),
+            // MariaDB has no INSERT … RETURNING that skips duplicates: key by key.
+            many: None,
         };
         Ok(MySqlStore {
             pool,

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres};
 use tracing::warn;
 
 use super::{connect, create, MS};
-use crate::common::{impl_dedup_store, DedupSql};
+use crate::common::{impl_dedup_store, DedupSql, ManySql};
 
 /// The transaction a handler on a [`PgStore`] receives: write through `&mut **tx`.
 pub type PgTx = sqlx::Transaction<'static, Postgres>;
@@ -127,6 +127,8 @@ impl PgStore {
                     "SELECT fingerprint FROM {t} WHERE consumer = $1 AND message_id = $2 LIMIT 1"
                 ),
                 purge: String::new(),
+                // Uniqueness across partitions is the advisory lock's: key by key.
+                many: None,
             }
         } else {
             DedupSql {
@@ -142,6 +144,11 @@ impl PgStore {
                     "DELETE FROM {t} WHERE ctid IN (
                          SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
                 ),
+                many: Some(ManySql {
+                    table: t.clone(),
+                    stamp: ("", String::new()),
+                    dollar: true,
+                }),
             }
         };
         let store = PgStore {

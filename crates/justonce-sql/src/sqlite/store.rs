@@ -4,7 +4,7 @@ use justonce_core::{validate_identifier, Result};
 use sqlx::{Sqlite, SqlitePool};
 
 use super::{connect, NOW_MS};
-use crate::common::{impl_dedup_store, DedupSql};
+use crate::common::{impl_dedup_store, DedupSql, ManySql};
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -85,6 +85,11 @@ impl SqliteStore {
                 "DELETE FROM {table} WHERE (consumer, message_id) IN (
                      SELECT consumer, message_id FROM {table} WHERE processed_at < {NOW_MS} - ? LIMIT ?)"
             ),
+            many: Some(ManySql {
+                table: table.clone(),
+                stamp: (", processed_at", format!(", {NOW_MS}")),
+                dollar: false,
+            }),
         };
         Ok(SqliteStore {
             pool,

@@ -92,7 +92,7 @@ pub struct BatchReport {
 }
 
 /// One delivery's state through a batch.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Slot {
     settle: Settle,
     /// The id the id strategy derived.
@@ -101,7 +101,7 @@ struct Slot {
     token: Option<u64>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Settle {
     Pending,
     Ack {
@@ -645,30 +645,55 @@ where
 
         let mut results = vec![None; batch.len()];
         let mut tx = self.store.begin().await?;
-        for ((d, slot), result) in batch.iter().zip(slots.iter_mut()).zip(results.iter_mut()) {
-            if !matches!(slot.settle, Settle::Pending) {
-                continue;
+        // Most batches fail nowhere: run them with no savepoint per message (two round trips
+        // each saved) and, only when a message fails, roll the batch back and run it again
+        // with a savepoint per message, so that the failing one rolls back alone.
+        let optimistic = self.opts.optimistic_batches && claims.is_none();
+        let (before, report_before) = (slots.clone(), report);
+        let failed = if optimistic {
+            self.handle_fast(&mut tx, batch, &mut slots, &mut results, &mut report)
+                .await?
+        } else {
+            None
+        };
+        if !optimistic || failed.is_some() {
+            let mut failed = failed;
+            if optimistic {
+                debug!(
+                    batch = batch.len(),
+                    "a message failed: the batch runs again with a savepoint per message"
+                );
+                self.store.rollback(tx).await?;
+                tx = self.store.begin().await?;
+                (slots, report) = (before, report_before);
+                results = vec![None; batch.len()];
             }
-            self.store.savepoint(&mut tx).await?;
-            let disposition = self
-                .handle_one(&mut tx, d, slot, result, &mut report)
-                .await?;
-            match disposition {
-                Disposition::Ok => self.store.release_savepoint(&mut tx).await?,
-                _ => self.store.rollback_to_savepoint(&mut tx).await?,
-            }
-            slot.settle = if at_most_once {
-                match disposition {
-                    Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
-                    Disposition::Retry { reason, .. } => {
-                        warn!(consumer = %self.opts.name, %reason, "at-most-once: message acked before it failed; it is lost");
-                        Settle::Done
-                    }
-                    _ => Settle::Done,
+            for (i, ((d, slot), result)) in batch
+                .iter()
+                .zip(slots.iter_mut())
+                .zip(results.iter_mut())
+                .enumerate()
+            {
+                if !matches!(slot.settle, Settle::Pending) {
+                    continue;
                 }
-            } else {
-                self.settle_for(d, disposition)
-            };
+                // The message that failed keeps the answer it gave: the messages before it
+                // wrote the same things again, so it would give it again.
+                if let Some((_, disposition)) = failed.take_if(|(at, _)| *at == i) {
+                    report.handled += 1;
+                    slot.settle = self.settle_after(d, disposition);
+                    continue;
+                }
+                self.store.savepoint(&mut tx).await?;
+                let disposition = self
+                    .handle_one(&mut tx, d, slot, result, &mut report)
+                    .await?;
+                match disposition {
+                    Disposition::Ok => self.store.release_savepoint(&mut tx).await?,
+                    _ => self.store.rollback_to_savepoint(&mut tx).await?,
+                }
+                slot.settle = self.settle_after(d, disposition);
+            }
         }
 
         if let Some(acker) = &self.tx_ack {
@@ -718,6 +743,87 @@ where
         Ok(())
     }
 
+    /// The settlement of a handled delivery.
+    fn settle_after(&self, d: &Delivery, disposition: Disposition) -> Settle {
+        if self.opts.semantics != Semantics::AtMostOnce {
+            return self.settle_for(d, disposition);
+        }
+        match disposition {
+            Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
+            Disposition::Retry { reason, .. } => {
+                warn!(consumer = %self.opts.name, %reason, "at-most-once: message acked before it failed; it is lost");
+                Settle::Done
+            }
+            _ => Settle::Done,
+        }
+    }
+
+    /// Handles the batch with no savepoints, claiming its dedup keys in one call. Stops at
+    /// the first handler that fails (answers other than `Ok`) and returns its place and
+    /// answer: its writes cannot be rolled back alone, so the caller rolls the whole batch
+    /// back and runs it with savepoints. Duplicates and conflicts found by the claim wrote
+    /// nothing and settle here.
+    async fn handle_fast(
+        &self,
+        tx: &mut S::Tx,
+        batch: &[Delivery],
+        slots: &mut [Slot],
+        results: &mut [Option<Vec<u8>>],
+        report: &mut BatchReport,
+    ) -> Result<Option<(usize, Disposition)>> {
+        let mut claimed = if self.effectively_once(Idempotency::DedupTable) {
+            let keys: Vec<(&MessageId, Fingerprint)> = batch
+                .iter()
+                .zip(slots.iter())
+                .filter(|(_, s)| matches!(s.settle, Settle::Pending))
+                .filter_map(|(d, s)| Some((s.id.as_ref()?, d.message.fingerprint())))
+                .collect();
+            let answers = self.store.claim_many(tx, &self.opts.name, &keys).await?;
+            if answers.len() != keys.len() {
+                return Err(Error::new(
+                    ErrorKind::Handler,
+                    format!(
+                        "the dedup store answered {} claims for {} keys",
+                        answers.len(),
+                        keys.len()
+                    ),
+                ));
+            }
+            Some(answers.into_iter())
+        } else {
+            None
+        };
+        for (i, ((d, slot), result)) in batch
+            .iter()
+            .zip(slots.iter_mut())
+            .zip(results.iter_mut())
+            .enumerate()
+        {
+            if !matches!(slot.settle, Settle::Pending) {
+                continue;
+            }
+            let disposition = match (&slot.id, claimed.as_mut().map(Iterator::next)) {
+                (None, _) => Disposition::dead_letter("invalid input: message has no id"),
+                (Some(_), Some(Some(Claim::Duplicate))) => Disposition::Duplicate,
+                (Some(id), Some(Some(Claim::Conflict { stored }))) => {
+                    self.conflict(id, stored, d.message.fingerprint())
+                }
+                (Some(_), Some(None)) => {
+                    return Err(Error::new(ErrorKind::Handler, "a claim went missing"));
+                }
+                (Some(_), Some(Some(Claim::Fresh)) | None) => {
+                    let disposition = self.run_handler(tx, d, slot, result, report).await?;
+                    if !matches!(disposition, Disposition::Ok) {
+                        return Ok(Some((i, disposition)));
+                    }
+                    disposition
+                }
+            };
+            slot.settle = self.settle_after(d, disposition);
+        }
+        Ok(None)
+    }
+
     async fn handle_one(
         &self,
         tx: &mut S::Tx,
@@ -741,6 +847,18 @@ where
                 Claim::Conflict { stored } => return Ok(self.conflict(id, stored, fp)),
             }
         }
+        self.run_handler(tx, d, slot, result, report).await
+    }
+
+    /// Runs the handler on one delivery whose dedup key (if any) is claimed.
+    async fn run_handler(
+        &self,
+        tx: &mut S::Tx,
+        d: &Delivery,
+        slot: &Slot,
+        result: &mut Option<Vec<u8>>,
+        report: &mut BatchReport,
+    ) -> Result<Disposition> {
         report.handled += 1;
         let cx = self.context(d, slot);
         let outcome = self.handler.handle(&cx, tx).await;

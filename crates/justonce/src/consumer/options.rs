@@ -98,6 +98,13 @@ pub struct ConsumerOptions {
     pub retention: Option<Duration>,
     /// How often the purge of records older than `retention` runs.
     pub purge_interval: Duration,
+    /// Run a batch with no savepoint per message, and only when one of its messages
+    /// fails, roll it back and run it again with a savepoint per message (default
+    /// `true`): two round trips per message saved on the path where nothing fails. The
+    /// handlers of a batch with a failing message then run twice, their writes rolled back
+    /// in between; set `false` if a handler does work outside its transaction. Batches
+    /// under [`Idempotency::Claim`] always use savepoints.
+    pub optimistic_batches: bool,
 }
 
 impl ConsumerOptions {
@@ -122,6 +129,7 @@ impl ConsumerOptions {
             on_conflict: ConflictPolicy::DeadLetter,
             retention: None,
             purge_interval: Duration::from_secs(60),
+            optimistic_batches: true,
         }
     }
 

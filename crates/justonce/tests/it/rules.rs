@@ -98,6 +98,48 @@ async fn a_failing_message_rolls_back_alone() {
     assert_eq!(store.effects(), ["first", "third", "second-fixed"]);
 }
 
+#[tokio::test]
+async fn a_batch_runs_again_with_savepoints_only_when_a_message_fails() {
+    // Optimistic (the default): the first pass stops at the failing message (2 runs), the
+    // batch rolls back and runs again with a savepoint per message, the failed message
+    // keeping its answer (2 runs). Without it, one pass. The effects are the same.
+    for (optimistic, runs) in [(true, 4), (false, 3)] {
+        let q = Arc::new(MemoryQueue::new("q", LEASE));
+        let store = MemoryStore::new();
+        let script = Script::default();
+        q.publish_batch(&[
+            msg("1", "ok:first"),
+            msg("2", "fail:second"),
+            msg("3", "ok:third"),
+        ])
+        .await
+        .unwrap();
+        let mut opts = options(Semantics::EffectivelyOnce);
+        opts.optimistic_batches = optimistic;
+        let c = consumer(opts, &q, &store, &script);
+        let report = c.run_once().await.unwrap();
+        assert_eq!(
+            (report.handled, report.acked, report.dead_lettered),
+            (3, 2, 1),
+            "optimistic {optimistic}: the report counts the pass that committed"
+        );
+        assert_eq!(script.runs(), runs, "optimistic {optimistic}");
+        assert_eq!(
+            store.effects(),
+            ["first", "third"],
+            "optimistic {optimistic}"
+        );
+        assert_eq!(store.commits(), 1, "optimistic {optimistic}");
+
+        // A batch where nothing fails runs once, either way.
+        q.publish_batch(&[msg("4", "ok:fourth"), msg("5", "ok:fifth")])
+            .await
+            .unwrap();
+        c.run_once().await.unwrap();
+        assert_eq!(script.runs(), runs + 2, "optimistic {optimistic}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn retries_back_off_then_dead_letter_with_the_attempts() {
     let q = Arc::new(MemoryQueue::new("q", LEASE));

@@ -1,0 +1,573 @@
+//! One bench run (`justonce bench-run`, hidden): a process of its own, so that its CPU time
+//! and peak RSS are its variant's alone.
+//!
+//! 1. Load: `messages` payments are published (untimed), in chunks, never all in memory.
+//! 2. Drain (timed): the consumer starts and applies them all; throughput and CPU time come
+//!    from this phase only.
+//! 3. Latency: the consumer keeps running while a closed-loop publisher keeps at most
+//!    `batch x concurrency` messages in flight; each message's time from just before its
+//!    publish to just after its batch's commit is recorded.
+//! 4. Check: the ledger (the business table) must hold one row per message published,
+//!    or the run fails.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use futures_lite::StreamExt;
+use justonce::amqp::AmqpOptions;
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::{
+    async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Message, Semantics,
+    Source,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Notify};
+
+use super::Variant;
+use crate::bus::{Bus, Sink};
+use crate::demo::store_scheme;
+use crate::orders::{Bank, PaymentHandler, Strategy, Tables, ACCOUNTS};
+
+/// Arguments of `justonce bench-run`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BenchRunArgs {
+    /// Transport URL.
+    #[arg(long)]
+    pub(crate) transport: String,
+    /// Store URL.
+    #[arg(long)]
+    pub(crate) store: String,
+    /// What consumes.
+    #[arg(long, value_enum)]
+    pub(crate) variant: Variant,
+    /// Deliveries per transaction.
+    #[arg(long)]
+    pub(crate) batch: usize,
+    /// Batches in flight at once.
+    #[arg(long)]
+    pub(crate) concurrency: usize,
+    /// Payload size in bytes.
+    #[arg(long)]
+    pub(crate) msg_bytes: usize,
+    /// Messages of the timed drain.
+    #[arg(long)]
+    pub(crate) messages: u64,
+    /// Messages of the closed-loop latency phase.
+    #[arg(long)]
+    pub(crate) latency_messages: u64,
+    /// Queue name and table prefix of this run.
+    #[arg(long)]
+    pub(crate) name: String,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RunResult {
+    pub(crate) msgs_per_sec: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) cpu_s_per_100k: f64,
+    pub(crate) rss_mb: f64,
+    /// Ledger rows after the run (must equal the messages published).
+    pub(crate) effects: u64,
+}
+
+/// One payment of the bench, padded to the run's message size.
+#[derive(Serialize)]
+struct Padded<'a> {
+    order_id: &'a str,
+    account: i64,
+    amount: i64,
+    pad: &'a str,
+}
+
+fn message(i: u64, rng: &mut fastrand::Rng, msg_bytes: usize) -> anyhow::Result<Message> {
+    let order_id = format!("b-{i:09}");
+    let mut p = Padded {
+        order_id: &order_id,
+        account: rng.i64(1..=ACCOUNTS),
+        amount: rng.i64(1..=10_000),
+        pad: "",
+    };
+    let base = serde_json::to_vec(&p)?.len();
+    let pad = "x".repeat(msg_bytes.saturating_sub(base));
+    p.pad = &pad;
+    Ok(Message::json(&p)?.with_id(order_id.as_str())?)
+}
+
+/// When each message was published, and the commits seen so far.
+#[derive(Default)]
+struct Clock {
+    sent: Mutex<HashMap<String, Instant>>,
+    latencies_ms: Mutex<Vec<f64>>,
+    committed: AtomicU64,
+    progress: Notify,
+}
+
+impl Clock {
+    fn sent(&self, messages: &[Message]) {
+        let now = Instant::now();
+        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        for m in messages {
+            if let Some(id) = m.id() {
+                sent.insert(id.as_str().to_owned(), now);
+            }
+        }
+    }
+
+    fn committed<'a>(&self, ids: impl Iterator<Item = &'a str>) {
+        let now = Instant::now();
+        let mut n = 0;
+        {
+            let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut lat = self.latencies_ms.lock().unwrap_or_else(|e| e.into_inner());
+            for id in ids {
+                n += 1;
+                if let Some(t) = sent.remove(id) {
+                    lat.push(now.duration_since(t).as_secs_f64() * 1e3);
+                }
+            }
+        }
+        self.committed.fetch_add(n, Ordering::SeqCst);
+        self.progress.notify_waiters();
+    }
+
+    async fn wait_for(&self, target: u64, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        while self.committed.load(Ordering::SeqCst) < target {
+            if Instant::now() > deadline {
+                bail!(
+                    "only {} of {target} messages committed after {limit:?}",
+                    self.committed.load(Ordering::SeqCst)
+                );
+            }
+            let notified = self.progress.notified();
+            if self.committed.load(Ordering::SeqCst) >= target {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+        Ok(())
+    }
+}
+
+/// The runtime's after-commit point, which never crashes: it tells the clock what committed.
+struct CommitClock(Arc<Clock>);
+
+#[async_trait]
+impl FaultHook for CommitClock {
+    async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
+        if point == FaultPoint::AfterCommit {
+            self.0.committed(
+                batch
+                    .iter()
+                    .filter_map(|d| d.message.id())
+                    .map(|i| i.as_str()),
+            );
+        }
+        false
+    }
+}
+
+/// Process CPU time (user + system) so far, from `/proc/self/stat` (clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // The command name may hold spaces: count fields after its closing parenthesis.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) / 100.0,
+        _ => f64::NAN,
+    }
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM`).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn percentile(sorted: &[f64], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
+    if args.batch == 0 || args.concurrency == 0 {
+        bail!("--batch and --concurrency must be at least 1");
+    }
+    let result = match store_scheme(&args.store)? {
+        "sqlite" => run_with::<SqliteStore>(&args).await,
+        "postgres" => run_with::<PgStore>(&args).await,
+        _ => run_with::<MySqlStore>(&args).await,
+    }?;
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
+    let tables = Tables::new(&args.name)?;
+    let bank = B::open(&args.store, &tables)
+        .await
+        .context("opening the store")?;
+    bank.setup(&tables, &[]).await?;
+    // On the SQL queues the publisher shares the consumer's queue handle, so a publish
+    // wakes a waiting receive at once, as in a process that produces and consumes; a
+    // publisher in another process would be seen within the queue's poll interval
+    // (SQLite) or by NOTIFY (PostgreSQL).
+    let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
+    let (bus, sink) = if Bus::scheme(&args.transport)? == "amqp" {
+        let sink = Sink::open(&args.transport, &args.name).await;
+        (None, sink.context("opening the transport")?)
+    } else {
+        let bus = Bus::open(
+            &args.transport,
+            &args.name,
+            Duration::from_secs(60),
+            prefetch,
+        )
+        .await
+        .context("opening the transport")?;
+        let sink = match &bus {
+            Bus::Sqlite(q) => Sink::Sqlite(q.clone()),
+            Bus::Pg(q) => Sink::Pg(q.clone()),
+            Bus::Amqp(_) => unreachable!("an amqp URL is handled above"),
+        };
+        (Some(bus), sink)
+    };
+    let outcome = measure(args, &bank, &tables, bus, prefetch, &sink).await;
+    let cleanup = async {
+        sink.cleanup().await?;
+        bank.drop_tables(&tables).await
+    };
+    let cleaned = cleanup.await;
+    let result = outcome?;
+    cleaned.context("cleaning up the run's queue and tables")?;
+    Ok(result)
+}
+
+async fn measure<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    bus: Option<Bus>,
+    prefetch: u16,
+    sink: &Sink,
+) -> anyhow::Result<RunResult> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut next = 0u64;
+    // 1. Load.
+    while next < args.messages {
+        let n = (args.messages - next).min(500);
+        let chunk = (next..next + n)
+            .map(|i| message(i, &mut rng, args.msg_bytes))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        sink.publish(&chunk, &[]).await?;
+        next += n;
+    }
+
+    // 2. Drain.
+    let clock = Arc::new(Clock::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let consumer = start(args, bank, tables, bus, prefetch, clock.clone(), stop_rx).await?;
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let limit = Duration::from_secs(600);
+    let drained = tokio::select! {
+        r = clock.wait_for(args.messages, limit) => r,
+        r = consumer_failed(&consumer) => r,
+    };
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    drained?;
+
+    // 3. Latency, closed loop.
+    let window = (args.batch * args.concurrency) as u64;
+    let total = args.messages + args.latency_messages;
+    while next < total {
+        let in_flight = next - clock.committed.load(Ordering::SeqCst);
+        if in_flight >= window {
+            let notified = clock.progress.notified();
+            if next - clock.committed.load(Ordering::SeqCst) >= window {
+                let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+            }
+            if consumer.is_finished() {
+                break;
+            }
+            continue;
+        }
+        let n = (window - in_flight).min(total - next);
+        let chunk = (next..next + n)
+            .map(|i| message(i, &mut rng, args.msg_bytes))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        clock.sent(&chunk);
+        sink.publish(&chunk, &[]).await?;
+        next += n;
+    }
+    let waited = tokio::select! {
+        r = clock.wait_for(total, limit) => r,
+        r = consumer_failed(&consumer) => r,
+    };
+    let _ = stop_tx.send(true);
+    let stopped = consumer.await.context("consumer task")?;
+    waited?;
+    stopped?;
+
+    // 4. Check, from the business data.
+    let effects = bank.ledger_rows(tables).await?;
+    if effects != total {
+        bail!("the ledger holds {effects} payments after {total} messages: the run is not valid");
+    }
+    let mut lat = clock
+        .latencies_ms
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    lat.sort_by(f64::total_cmp);
+    Ok(RunResult {
+        msgs_per_sec: args.messages as f64 / seconds,
+        p50_ms: percentile(&lat, 50),
+        p99_ms: percentile(&lat, 99),
+        cpu_s_per_100k: cpu / args.messages as f64 * 100_000.0,
+        rss_mb: peak_rss_mb(),
+        effects,
+    })
+}
+
+type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// Resolves only if the consumer stops on its own (an error): the drain cannot finish.
+async fn consumer_failed(consumer: &Running) -> anyhow::Result<()> {
+    while !consumer.is_finished() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("the consumer stopped before the drain finished (see its error above)")
+}
+
+/// Starts the variant's consumer.
+async fn start<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    bus: Option<Bus>,
+    prefetch: u16,
+    clock: Arc<Clock>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    let bus = match bus {
+        Some(bus) => bus,
+        None if args.variant == Variant::Bare => {
+            return bare_amqp(args, bank, tables, clock, stop).await;
+        }
+        None => {
+            Bus::open(
+                &args.transport,
+                &args.name,
+                Duration::from_secs(60),
+                prefetch,
+            )
+            .await?
+        }
+    };
+    let semantics = match args.variant {
+        Variant::Bare => {
+            let mut tasks = Vec::new();
+            for _ in 0..args.concurrency {
+                let (source, bank, tables, clock, stop) = (
+                    bus.source(),
+                    bank.clone(),
+                    tables.clone(),
+                    clock.clone(),
+                    stop.clone(),
+                );
+                let batch = args.batch;
+                tasks.push(tokio::spawn(async move {
+                    bare_source(source, bank, tables, batch, clock, stop).await
+                }));
+            }
+            return Ok(tokio::spawn(async move {
+                for t in tasks {
+                    t.await??;
+                }
+                Ok(())
+            }));
+        }
+        Variant::AtMostOnce => Semantics::AtMostOnce,
+        Variant::AtLeastOnce => Semantics::AtLeastOnce,
+        Variant::EffectivelyOnce => Semantics::EffectivelyOnce,
+    };
+    let mut opts = ConsumerOptions::new(format!("bench-{}", args.name));
+    opts.semantics = semantics;
+    opts.batch_size = args.batch;
+    opts.concurrency = args.concurrency;
+    opts.receive_wait = Duration::from_millis(100);
+    opts.max_payload_bytes = args.msg_bytes.max(1024) * 2;
+    let handler = PaymentHandler::<B>::new(
+        tables.clone(),
+        Strategy::DedupTable,
+        semantics == Semantics::EffectivelyOnce,
+        None,
+    )?;
+    let consumer = Consumer::with_shared(opts, bus.source(), Arc::new(bank.clone()), handler)?
+        .with_fault_hook(Arc::new(CommitClock(clock)));
+    Ok(tokio::spawn(async move {
+        consumer
+            .run_until(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await?;
+        Ok(())
+    }))
+}
+
+/// What a payment handler written without justonce does with one message.
+#[derive(Deserialize)]
+struct Payment {
+    order_id: String,
+    account: i64,
+    amount: i64,
+}
+
+impl From<Payment> for crate::orders::Payment {
+    fn from(p: Payment) -> Self {
+        crate::orders::Payment {
+            order_id: p.order_id,
+            account: p.account,
+            amount: p.amount,
+            version: 0,
+        }
+    }
+}
+
+/// The bare baseline on a SQL queue: receive (with the runtime's 5 ms linger), one
+/// transaction of plain sqlx per batch, commit, ack. No dedup, no savepoints, no
+/// classification of failures.
+async fn bare_source<B: Bank>(
+    source: Arc<dyn Source>,
+    bank: B,
+    tables: Tables,
+    batch: usize,
+    clock: Arc<Clock>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    while !*stop.borrow() {
+        let mut ds = source.receive(batch, Duration::from_millis(100)).await?;
+        if ds.is_empty() {
+            continue;
+        }
+        if ds.len() < batch {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            ds.extend(source.receive(batch - ds.len(), Duration::ZERO).await?);
+        }
+        let mut tx = bank.begin_direct().await?;
+        for d in &ds {
+            let p: Payment = serde_json::from_slice(d.message.payload())?;
+            B::pay(&mut tx, &tables, &p.into()).await?;
+        }
+        B::commit_direct(tx).await?;
+        clock.committed(ds.iter().filter_map(|d| d.message.id()).map(|i| i.as_str()));
+        let receipts: Vec<_> = ds.iter().map(|d| &d.receipt).collect();
+        source.ack(&receipts).await?;
+    }
+    Ok(())
+}
+
+/// The bare baseline on RabbitMQ: lapin and sqlx directly. One channel per batch loop,
+/// prefetch of two batches, one transaction per batch, then one `basic.ack` with
+/// `multiple` for the batch.
+async fn bare_amqp<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    clock: Arc<Clock>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    use lapin::types::FieldTable;
+
+    let queue = AmqpOptions::new(args.name.as_str()).queue;
+    let conn = lapin::Connection::connect(&args.transport, lapin::ConnectionProperties::default())
+        .await
+        .context("connecting to RabbitMQ")?;
+    let conn = Arc::new(conn);
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let channel = conn.create_channel().await?;
+        let prefetch = u16::try_from(args.batch * 2).unwrap_or(u16::MAX);
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await?;
+        let mut consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let (bank, tables, clock, mut stop) =
+            (bank.clone(), tables.clone(), clock.clone(), stop.clone());
+        let batch = args.batch;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let first = tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    d = consumer.next() => d,
+                };
+                let Some(first) = first else { break };
+                let mut ds = vec![first?];
+                let linger = tokio::time::sleep(Duration::from_millis(5));
+                tokio::pin!(linger);
+                while ds.len() < batch {
+                    tokio::select! {
+                        _ = &mut linger => break,
+                        d = consumer.next() => match d {
+                            Some(d) => ds.push(d?),
+                            None => break,
+                        },
+                    }
+                }
+                let mut tx = bank.begin_direct().await?;
+                let mut ids = Vec::with_capacity(ds.len());
+                for d in &ds {
+                    let p: Payment = serde_json::from_slice(&d.data)?;
+                    ids.push(p.order_id.clone());
+                    B::pay(&mut tx, &tables, &p.into()).await?;
+                }
+                B::commit_direct(tx).await?;
+                clock.committed(ids.iter().map(String::as_str));
+                if let Some(last) = ds.last() {
+                    channel
+                        .basic_ack(last.delivery_tag, BasicAckOptions { multiple: true })
+                        .await?;
+                }
+            }
+            let _ = channel.close(200, "bench done".into()).await;
+            anyhow::Ok(())
+        }));
+    }
+    Ok(tokio::spawn(async move {
+        for t in tasks {
+            t.await??;
+        }
+        let _ = conn.close(200, "bench done".into()).await;
+        Ok(())
+    }))
+}
