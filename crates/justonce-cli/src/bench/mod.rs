@@ -61,8 +61,9 @@ pub(crate) struct BenchArgs {
     /// fresh file per run).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
-    /// Messages of each run's timed drain.
-    #[arg(long, default_value_t = 5_000)]
+    /// Messages of each run's timed drain (unbatched runs, ten times slower per message,
+    /// drain a tenth of it).
+    #[arg(long, default_value_t = 20_000)]
     messages: u64,
     /// Messages of each run's closed-loop latency phase (default: a fifth of --messages,
     /// and at least ten windows of batch x concurrency).
@@ -97,6 +98,10 @@ pub(crate) struct BenchArgs {
     /// Write throughput by batch size per variant as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Run the justonce variants with a savepoint and a claim per message in every batch
+    /// (`ConsumerOptions::optimistic_batches = false`), to see what that costs.
+    #[arg(long)]
+    careful: bool,
 }
 
 /// One configuration run by a variant.
@@ -144,6 +149,8 @@ pub(crate) struct BenchReport {
     pub(crate) repeats: usize,
     /// The batch size the "batched" ratios use.
     pub(crate) batched: usize,
+    /// The justonce variants ran with a savepoint and a claim per message (`--careful`).
+    pub(crate) careful: bool,
     pub(crate) variants: Vec<VariantReport>,
     pub(crate) ratios: Ratios,
 }
@@ -284,9 +291,10 @@ async fn child(
         .clone()
         .unwrap_or_else(|| format!("sqlite:{}", dir.join(format!("store-{n}.db")).display()));
     let window = (case.batch * case.concurrency) as u64;
+    let messages = drained(args.messages, case.batch);
     let latency = args
         .latency_messages
-        .unwrap_or_else(|| (args.messages / 5).max(10 * window));
+        .unwrap_or_else(|| (messages / 5).max(10 * window));
     let out = tokio::process::Command::new(exe)
         .arg("bench-run")
         .args(["--transport", &transport, "--store", &store])
@@ -294,9 +302,10 @@ async fn child(
         .args(["--batch", &case.batch.to_string()])
         .args(["--concurrency", &case.concurrency.to_string()])
         .args(["--msg-bytes", &case.msg_bytes.to_string()])
-        .args(["--messages", &args.messages.to_string()])
+        .args(["--messages", &messages.to_string()])
         .args(["--latency-messages", &latency.to_string()])
         .args(["--name", &name])
+        .args(args.careful.then_some("--careful"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -323,6 +332,16 @@ async fn child(
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ),
+    }
+}
+
+/// Messages of a run's timed drain: `--messages`, a tenth of it for unbatched runs (at least
+/// 100).
+fn drained(messages: u64, batch: usize) -> u64 {
+    if batch == 1 {
+        (messages / 10).max(100.min(messages))
+    } else {
+        messages
     }
 }
 
@@ -422,6 +441,7 @@ fn report(
         messages: args.messages,
         repeats: args.repeats,
         batched,
+        careful: args.careful,
         variants,
         ratios,
     }
@@ -432,8 +452,16 @@ fn table(r: &BenchReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "justonce bench: {} transport, {} store; {} messages per run, medians of {} interleaved repeats",
-        r.transport, r.store, r.messages, r.repeats
+        "justonce bench: {} transport, {} store; {} messages per run (unbatched: a tenth), medians of {} interleaved repeats{}",
+        r.transport,
+        r.store,
+        r.messages,
+        r.repeats,
+        if r.careful {
+            "; a savepoint and a claim per message (--careful)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         s,

@@ -1,5 +1,6 @@
 //! Tests of the `justonce` binary: the demo's contract, real process kills, and the lab.
 
+mod bench;
 mod demo;
 mod kill;
 mod lab;

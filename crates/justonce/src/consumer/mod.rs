@@ -16,8 +16,10 @@
 //!
 //! # A batch
 //!
-//! One transaction per batch, one savepoint per message: a message that fails rolls back
-//! alone. Acks go out only after the commit. Bad input (no id, oversized payload, an id
+//! One transaction per batch; its dedup keys are claimed in one call
+//! ([`DedupStore::claim_many`]). A message that fails rolls back alone: the batch rolls
+//! back and runs again with a savepoint per message (see
+//! [`ConsumerOptions::optimistic_batches`]). Acks go out only after the commit. Bad input (no id, oversized payload, an id
 //! seen before with another payload) is dead-lettered with a reason, never retried.
 
 mod fault;

@@ -1,0 +1,92 @@
+//! `justonce bench` keeps its JSON contract and checks its runs from the business data. No
+//! number is asserted: performance is read from the bench's own output, never from tests.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::demo::{amqp_url, postgres_url};
+
+fn bench(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--json", "--messages", "1000", "--repeats", "2"])
+        .args([
+            "--batch",
+            "1,10",
+            "--concurrency",
+            "1",
+            "--msg-bytes",
+            "200",
+        ])
+        .args(args)
+        .output()
+        .expect("the justonce binary runs");
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+fn check(r: &Value, transport: &str, store: &str) {
+    assert_eq!(r["transport"], transport);
+    assert_eq!(r["store"], store);
+    let variants = r["variants"].as_array().expect("variants");
+    assert_eq!(variants.len(), 8, "4 variants x 2 batch sizes: {r}");
+    for v in variants {
+        for key in [
+            "msgs_per_sec",
+            "p50_ms",
+            "p99_ms",
+            "cpu_s_per_100k",
+            "rss_mb",
+        ] {
+            let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
+            assert!(x > 0.0 && x.is_finite(), "{key} in {v}");
+        }
+        assert!(v["p99_ms"].as_f64() >= v["p50_ms"].as_f64(), "{v}");
+        assert_eq!(v["runs"].as_array().map(Vec::len), Some(2), "{v}");
+        for key in ["name", "batch", "concurrency", "msg_bytes"] {
+            assert!(v.get(key).is_some(), "missing {key} in {v}");
+        }
+    }
+    for key in [
+        "effectively_vs_at_least_batched",
+        "effectively_vs_at_least_unbatched",
+        "justonce_vs_bare",
+    ] {
+        let x = r["ratios"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ratio {key} in {r}"));
+        assert!(x > 0.0, "{key}");
+    }
+}
+
+#[test]
+fn bench_json_keeps_the_contract_on_sqlite() {
+    check(&bench(&[]), "sqlite", "sqlite");
+}
+
+#[test]
+fn bench_runs_on_rabbitmq_and_postgres_with_the_bare_lapin_baseline() {
+    let (Some(amqp), Some(pg)) = (amqp_url(), postgres_url()) else {
+        return;
+    };
+    check(
+        &bench(&["--transport", &amqp, "--store", &pg]),
+        "amqp",
+        "postgres",
+    );
+}
+
+#[test]
+fn bench_refuses_a_transport_it_does_not_know() {
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--transport", "kafka://localhost:9092"])
+        .output()
+        .expect("the justonce binary runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kafka transport is not built"), "{err}");
+}
