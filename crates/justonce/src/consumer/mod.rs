@@ -94,7 +94,7 @@ pub struct BatchReport {
 }
 
 /// One delivery's state through a batch.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Slot {
     settle: Settle,
     /// The id the id strategy derived.
@@ -103,7 +103,7 @@ struct Slot {
     token: Option<u64>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum Settle {
     Pending,
     Ack {
@@ -651,7 +651,7 @@ where
         // each saved) and, only when a message fails, roll the batch back and run it again
         // with a savepoint per message, so that the failing one rolls back alone.
         let optimistic = self.opts.optimistic_batches && claims.is_none();
-        let (before, report_before) = (slots.clone(), report);
+        let report_before = report;
         let failed = if optimistic {
             self.handle_fast(&mut tx, batch, &mut slots, &mut results, &mut report)
                 .await?
@@ -667,7 +667,10 @@ where
                 );
                 self.store.rollback(tx).await?;
                 tx = self.store.begin().await?;
-                (slots, report) = (before, report_before);
+                // Nothing but `screen` set the slots before the transaction (no claims, and
+                // at-most-once's early ack leaves them as they were): derive them again.
+                slots = batch.iter().map(|d| self.screen(d)).collect();
+                report = report_before;
                 results = vec![None; batch.len()];
             }
             for (i, ((d, slot), result)) in batch
