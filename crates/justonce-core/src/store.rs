@@ -80,15 +80,7 @@ pub trait DedupStore: Store {
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<Vec<Claim>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for (id, fp) in keys {
-            let key = DedupKey {
-                consumer,
-                message_id: id,
-            };
-            out.push(self.claim(tx, key, *fp).await?);
-        }
-        Ok(out)
+        claim_each(self, tx, consumer, keys).await
     }
 
     /// Deletes at most `batch` records older than `retention` by the store's clock;
@@ -212,4 +204,23 @@ pub fn validate_identifier(name: &str) -> Result<()> {
             "`{name}` is not a valid SQL identifier: use 1-63 characters of A-Z a-z 0-9 _, not starting with a digit"
         )))
     }
+}
+
+/// [`DedupStore::claim_many`] key by key, with [`DedupStore::claim`]: the default, and the
+/// fallback of a store that has no batched form for some tables.
+pub async fn claim_each<S: DedupStore + ?Sized>(
+    store: &S,
+    tx: &mut S::Tx,
+    consumer: &str,
+    keys: &[(&MessageId, Fingerprint)],
+) -> Result<Vec<Claim>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for (id, fp) in keys {
+        let key = DedupKey {
+            consumer,
+            message_id: id,
+        };
+        out.push(store.claim(tx, key, *fp).await?);
+    }
+    Ok(out)
 }

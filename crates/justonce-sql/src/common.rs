@@ -235,12 +235,7 @@ macro_rules! impl_dedup_store {
             ) -> justonce_core::Result<Vec<justonce_core::Claim>> {
                 use sqlx::Row as _;
                 let Some(many) = &self.sql.many else {
-                    let mut out = Vec::with_capacity(keys.len());
-                    for (id, fp) in keys {
-                        let key = justonce_core::DedupKey { consumer, message_id: id };
-                        out.push(justonce_core::DedupStore::claim(self, tx, key, *fp).await?);
-                    }
-                    return Ok(out);
+                    return justonce_core::claim_each(self, tx, consumer, keys).await;
                 };
                 // Each key once, in one order for every batch, so that two batches holding
                 // the same keys take their row locks in the same order.

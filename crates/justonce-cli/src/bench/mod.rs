@@ -15,14 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use run::BenchRunArgs;
 use run::RunResult;
 
 use crate::bus::Bus;
-use crate::demo::store_scheme;
+use crate::demo::{progress_bar, store_scheme};
 
 pub(crate) use run::run as run_child;
 
@@ -223,20 +222,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let cases = cases(&args, batched);
     let dir = tempfile::tempdir()?;
     let exe = std::env::current_exe()?;
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new((cases.len() * args.repeats) as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {elapsed} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        bar.set_prefix("bench runs");
-        bar
-    };
+    let bar = progress_bar(args.json, (cases.len() * args.repeats) as u64, "bench runs");
 
-    let mut results: BTreeMap<Case, Vec<Option<RunResult>>> = BTreeMap::new();
+    let mut results: BTreeMap<Case, Vec<RunResult>> = BTreeMap::new();
     let mut n = 0usize;
     for round in 0..args.repeats {
         // Interleaved: each round starts one case further on.
@@ -251,7 +239,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             ));
             n += 1;
             let r = child(&exe, &args, dir.path(), case, n).await?;
-            results.entry(case).or_default().push(Some(r));
+            results.entry(case).or_default().push(r);
             bar.inc(1);
         }
     }
@@ -363,12 +351,12 @@ fn report(
     args: &BenchArgs,
     batched: usize,
     cases: &[Case],
-    results: &BTreeMap<Case, Vec<Option<RunResult>>>,
+    results: &BTreeMap<Case, Vec<RunResult>>,
 ) -> BenchReport {
     let runs = |c: &Case| -> Vec<&RunResult> {
         results
             .get(c)
-            .map(|v| v.iter().flatten().collect())
+            .map(|v| v.iter().collect())
             .unwrap_or_default()
     };
     let variants = cases
@@ -399,11 +387,7 @@ fn report(
     // Paired: the two runs of one round, made minutes apart at most.
     let paired = |a: Case, b: Case, f: fn(&RunResult, &RunResult) -> f64| -> Option<f64> {
         let (ra, rb) = (results.get(&a)?, results.get(&b)?);
-        let v: Vec<f64> = ra
-            .iter()
-            .zip(rb)
-            .filter_map(|(x, y)| Some(f(x.as_ref()?, y.as_ref()?)))
-            .collect();
+        let v: Vec<f64> = ra.iter().zip(rb).map(|(x, y)| f(x, y)).collect();
         let m = median(v);
         m.is_finite().then_some(m)
     };

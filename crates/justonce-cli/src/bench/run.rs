@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 use super::Variant;
 use crate::bus::{Bus, Sink};
 use crate::demo::store_scheme;
-use crate::orders::{Bank, PaymentHandler, Strategy, Tables, ACCOUNTS};
+use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
 
 /// Arguments of `justonce bench-run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,12 +79,11 @@ pub(crate) struct RunResult {
     pub(crate) effects: u64,
 }
 
-/// One payment of the bench, padded to the run's message size.
+/// One payment of the bench, padded to the run's message size (the handlers ignore `pad`).
 #[derive(Serialize)]
 struct Padded<'a> {
-    order_id: &'a str,
-    account: i64,
-    amount: i64,
+    #[serde(flatten)]
+    payment: Payment,
     pad: &'a str,
 }
 
@@ -95,15 +94,18 @@ struct Padded<'a> {
 fn message(i: u64, rng: &mut fastrand::Rng, msg_bytes: usize) -> anyhow::Result<Message> {
     let order_id = format!("b-{i:09}");
     let mut p = Padded {
-        order_id: &order_id,
-        account: (i % ACCOUNTS as u64) as i64 + 1,
-        amount: rng.i64(1..=10_000),
+        payment: Payment {
+            order_id: order_id.clone(),
+            account: (i % ACCOUNTS as u64) as i64 + 1,
+            amount: rng.i64(1..=10_000),
+            version: 0,
+        },
         pad: "",
     };
     let base = serde_json::to_vec(&p)?.len();
     let pad = "x".repeat(msg_bytes.saturating_sub(base));
     p.pad = &pad;
-    Ok(Message::json(&p)?.with_id(order_id.as_str())?)
+    Ok(Message::json(&p)?.with_id(order_id)?)
 }
 
 /// When each message was published, and the commits seen so far.
@@ -446,25 +448,6 @@ async fn start<B: Bank>(
     }))
 }
 
-/// What a payment handler written without justonce does with one message.
-#[derive(Deserialize)]
-struct Payment {
-    order_id: String,
-    account: i64,
-    amount: i64,
-}
-
-impl From<Payment> for crate::orders::Payment {
-    fn from(p: Payment) -> Self {
-        crate::orders::Payment {
-            order_id: p.order_id,
-            account: p.account,
-            amount: p.amount,
-            version: 0,
-        }
-    }
-}
-
 /// The bare baseline on a SQL queue: receive (with the runtime's 5 ms linger), one
 /// transaction of plain sqlx per batch, commit, ack. No dedup, no savepoints, no
 /// classification of failures.
@@ -488,7 +471,7 @@ async fn bare_source<B: Bank>(
         let mut tx = bank.begin_direct().await?;
         for d in &ds {
             let p: Payment = serde_json::from_slice(d.message.payload())?;
-            B::pay(&mut tx, &tables, &p.into()).await?;
+            B::pay(&mut tx, &tables, &p).await?;
         }
         B::commit_direct(tx).await?;
         clock.committed(ds.iter().filter_map(|d| d.message.id()).map(|i| i.as_str()));
@@ -558,7 +541,7 @@ async fn bare_amqp<B: Bank>(
                 for d in &ds {
                     let p: Payment = serde_json::from_slice(&d.data)?;
                     ids.push(p.order_id.clone());
-                    B::pay(&mut tx, &tables, &p.into()).await?;
+                    B::pay(&mut tx, &tables, &p).await?;
                 }
                 B::commit_direct(tx).await?;
                 clock.committed(ids.iter().map(String::as_str));

@@ -360,15 +360,18 @@ async fn wait_drained(
     }
 }
 
-fn progress_bar(quiet: bool, total: u64, name: &'static str) -> ProgressBar {
+/// A progress bar on the terminal, hidden when `quiet` (`--json`).
+pub(crate) fn progress_bar(quiet: bool, total: u64, name: &'static str) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>17} [{bar:40}] {pos}/{len} {per_sec} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>17} [{bar:40}] {pos}/{len} {per_sec} {elapsed} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     bar.set_prefix(name);
     bar
