@@ -237,6 +237,83 @@ async fn dedup_claim_many<S: DedupStore>(store: &S, consumer: &str, ns: &str) {
         "a committed claim_many records its keys"
     );
     store.rollback(tx).await.unwrap();
+    dedup_begin_claimed(store, consumer, ns).await;
+}
+
+/// `begin_claimed`: the answers of `begin` then `claim_many`, for one key (a store may fold
+/// that claim into its `BEGIN`) and for several, including an id that SQL would have to
+/// quote.
+async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str) {
+    let fp = Fingerprint::of(b"payload");
+    let other_fp = Fingerprint::of(b"another payload");
+    let (m1, m8, odd) = (
+        id(&format!("{ns}-m1")),
+        id(&format!("{ns}-m8")),
+        id(&format!("{ns}-it's a \\'quoted'\\ id")),
+    );
+    let one = |m, fp| [(m, fp)];
+    let (tx, answers) = store.begin_claimed(consumer, &one(&m8, fp)).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh],
+        "begin_claimed: a new key is fresh"
+    );
+    store.rollback(tx).await.unwrap();
+    let (tx, answers) = store.begin_claimed(consumer, &one(&m8, fp)).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh],
+        "a rolled-back begin_claimed leaves nothing behind"
+    );
+    store.commit(tx).await.unwrap();
+    for (fp_now, want, what) in [
+        (fp, Claim::Duplicate, "a committed key is a duplicate"),
+        (
+            other_fp,
+            Claim::Conflict { stored: fp },
+            "another payload conflicts",
+        ),
+    ] {
+        let (tx, answers) = store
+            .begin_claimed(consumer, &one(&m8, fp_now))
+            .await
+            .unwrap();
+        assert_eq!(answers, vec![want], "begin_claimed: {what}");
+        // The transaction is usable after a stored key, and rolls back cleanly.
+        store.rollback(tx).await.unwrap();
+    }
+    let (tx, answers) = store
+        .begin_claimed(consumer, &[(&m1, fp), (&m8, other_fp), (&odd, fp)])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Claim::Duplicate,
+            Claim::Conflict { stored: fp },
+            Claim::Fresh
+        ],
+        "begin_claimed answers a batch as claim_many does"
+    );
+    store.rollback(tx).await.unwrap();
+    let (tx, answers) = store.begin_claimed(consumer, &one(&odd, fp)).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh],
+        "an id with quotes and backslashes"
+    );
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let key = DedupKey {
+        consumer,
+        message_id: &odd,
+    };
+    assert_eq!(
+        store.claim(&mut tx, key, fp).await.unwrap(),
+        Claim::Duplicate,
+        "begin_claimed recorded the id exactly as claim reads it"
+    );
+    store.rollback(tx).await.unwrap();
 }
 
 /// The purge half of [`dedup_store`], after [`dedup_claims`] with the same `ns`: records

@@ -83,6 +83,20 @@ pub trait DedupStore: Store {
         claim_each(self, tx, consumer, keys).await
     }
 
+    /// Begins a transaction and claims `keys` in it: [`Store::begin`], then
+    /// [`DedupStore::claim_many`], which is the default. A store may do both in one round
+    /// trip: PostgreSQL does for a single key, so that an unbatched consumer's claim costs
+    /// no round trip of its own.
+    async fn begin_claimed(
+        &self,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<(Self::Tx, Vec<Claim>)> {
+        let mut tx = self.begin().await?;
+        let claims = self.claim_many(&mut tx, consumer, keys).await?;
+        Ok((tx, claims))
+    }
+
     /// Deletes at most `batch` records older than `retention` by the store's clock;
     /// returns how many it deleted. Call it repeatedly; it never holds locks for long.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;

@@ -20,9 +20,9 @@ pub(crate) struct DedupSql {
 }
 
 /// The statements of `claim_many` for a dedup table with a unique `(consumer, message_id)`
-/// and `INSERT … ON CONFLICT DO NOTHING RETURNING` (SQLite, PostgreSQL). Parameters: the
-/// insert takes `(consumer, message id, fingerprint)` per row; the select takes the
-/// consumer, then the message ids.
+/// and `INSERT … ON CONFLICT DO NOTHING` (SQLite, PostgreSQL). Parameters: the insert takes
+/// `(consumer, message id, fingerprint)` per row; the select takes the consumer, then the
+/// message ids.
 #[derive(Debug)]
 pub(crate) struct ManySql {
     pub(crate) table: String,
@@ -31,6 +31,23 @@ pub(crate) struct ManySql {
     pub(crate) stamp: (&'static str, String),
     /// `$n` placeholders (PostgreSQL) instead of `?`.
     pub(crate) dollar: bool,
+    /// How the batch learns which keys were there before it:
+    /// - `Returning` (PostgreSQL): insert skipping stored keys, `RETURNING` the ids it wrote,
+    ///   then read the fingerprints of the others. Safe under concurrent claims: a second
+    ///   transaction's insert waits on the first's row and then skips it.
+    /// - `StatementRollback` (SQLite): a plain insert of every key; SQLite undoes a statement
+    ///   that breaks a constraint alone and the transaction goes on, so on a stored key the
+    ///   batch reads the stored fingerprints and inserts the rest. sqlx runs a SQLite
+    ///   connection on its own thread and sends every returned row across a channel: while
+    ///   no key is stored (nearly always) the claim is one statement that returns nothing.
+    pub(crate) order: ManyOrder,
+}
+
+/// See [`ManySql::order`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ManyOrder {
+    Returning,
+    StatementRollback,
 }
 
 /// Keys per statement: three parameters each stays far below every placeholder limit.
@@ -45,7 +62,9 @@ impl ManySql {
         }
     }
 
-    pub(crate) fn insert(&self, n: usize) -> String {
+    /// The insert of `n` keys: skipping the stored ones and returning the new ones'
+    /// ids (`returning`), or a plain insert that fails on a stored key.
+    pub(crate) fn insert(&self, n: usize, returning: bool) -> String {
         let (col, value) = &self.stamp;
         let rows: Vec<String> = (0..n)
             .map(|k| {
@@ -58,10 +77,14 @@ impl ManySql {
             })
             .collect();
         format!(
-            "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}
-             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id",
+            "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}{}",
             self.table,
-            rows.join(", ")
+            rows.join(", "),
+            if returning {
+                "\n             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id"
+            } else {
+                ""
+            }
         )
     }
 
@@ -153,9 +176,14 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 /// `Store` and `DedupStore` for a struct with fields `pool` and `sql: Arc<DedupSql>`.
 /// `begin:` is the pool call that opens a transaction; `purge:` names an inherent method
 /// `(retention) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
-/// leave it to the batched delete of `sql.purge`.
+/// leave it to the batched delete of `sql.purge`; `begin_claimed:` names an inherent method
+/// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims in one round
+/// trip, or answers `None` to leave it to `begin` then `claim_many`.
 macro_rules! impl_dedup_store {
-    ($store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? ) $(, purge: $purge:ident)?) => {
+    (
+        $store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? )
+        $(, purge: $purge:ident)? $(, begin_claimed: $bc:ident)?
+    ) => {
         #[async_trait::async_trait]
         impl justonce_core::Store for $store {
             type Tx = $tx;
@@ -191,6 +219,31 @@ macro_rules! impl_dedup_store {
                 sqlx::query("ROLLBACK TO SAVEPOINT jo_message").execute(&mut **tx).await?;
                 sqlx::query("RELEASE SAVEPOINT jo_message").execute(&mut **tx).await?;
                 Ok(())
+            }
+        }
+
+        impl $store {
+            /// The fingerprints stored for `ids` of `consumer`, by message id.
+            async fn stored_many(
+                many: &$crate::common::ManySql,
+                tx: &mut $tx,
+                consumer: &str,
+                ids: &[&str],
+            ) -> justonce_core::Result<std::collections::HashMap<String, String>> {
+                use sqlx::Row as _;
+                let mut stored = std::collections::HashMap::new();
+                if ids.is_empty() {
+                    return Ok(stored);
+                }
+                let sql = many.select(ids.len());
+                let mut q = sqlx::query(&sql).bind(consumer);
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                for row in q.fetch_all(&mut **tx).await? {
+                    stored.insert(row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?);
+                }
+                Ok(stored)
             }
         }
 
@@ -239,43 +292,96 @@ macro_rules! impl_dedup_store {
                 };
                 // Each key once, in one order for every batch, so that two batches holding
                 // the same keys take their row locks in the same order.
-                let mut distinct: Vec<(&str, justonce_core::Fingerprint)> = Vec::new();
+                let mut distinct: Vec<(&justonce_core::MessageId, justonce_core::Fingerprint)> = Vec::new();
                 let mut seen = std::collections::HashSet::new();
                 for (id, fp) in keys {
                     if seen.insert(id.as_str()) {
-                        distinct.push((id.as_str(), *fp));
+                        distinct.push((*id, *fp));
                     }
                 }
-                distinct.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                distinct.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
                 let mut inserted = std::collections::HashSet::new();
-                for chunk in distinct.chunks($crate::common::MANY_CHUNK) {
-                    let sql = many.insert(chunk.len());
-                    let mut q = sqlx::query(&sql);
-                    for (id, fp) in chunk {
-                        q = q.bind(consumer).bind(*id).bind(fp.to_hex());
-                    }
-                    for row in q.fetch_all(&mut **tx).await? {
-                        inserted.insert(row.try_get::<String, _>(0)?);
-                    }
-                }
-                let others: Vec<&str> = distinct
-                    .iter()
-                    .map(|k| k.0)
-                    .filter(|id| !inserted.contains(*id))
-                    .collect();
                 let mut stored = std::collections::HashMap::new();
-                for chunk in others.chunks($crate::common::MANY_CHUNK) {
-                    let sql = many.select(chunk.len());
-                    let mut q = sqlx::query(&sql).bind(consumer);
-                    for id in chunk {
-                        q = q.bind(*id);
+                if let [(id, fp)] = distinct[..] {
+                    // One key (every unbatched consumer): the single claim, one statement
+                    // that returns no row while the key is new.
+                    let key = justonce_core::DedupKey { consumer, message_id: id };
+                    match self.claim(tx, key, fp).await? {
+                        justonce_core::Claim::Fresh => {
+                            inserted.insert(id.as_str().to_owned());
+                        }
+                        justonce_core::Claim::Duplicate => {
+                            stored.insert(id.as_str().to_owned(), fp.to_hex());
+                        }
+                        justonce_core::Claim::Conflict { stored: s } => {
+                            stored.insert(id.as_str().to_owned(), s.to_hex());
+                        }
                     }
-                    for row in q.fetch_all(&mut **tx).await? {
-                        stored.insert(row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?);
+                    return $crate::common::many_answers(keys, &inserted, &stored);
+                }
+                for chunk in distinct.chunks($crate::common::MANY_CHUNK) {
+                    let ids: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
+                    if many.order == $crate::common::ManyOrder::Returning {
+                        let sql = many.insert(chunk.len(), true);
+                        let mut q = sqlx::query(&sql);
+                        for (id, fp) in chunk {
+                            q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
+                        }
+                        for row in q.fetch_all(&mut **tx).await? {
+                            inserted.insert(row.try_get::<String, _>(0)?);
+                        }
+                        let others: Vec<&str> =
+                            ids.into_iter().filter(|id| !inserted.contains(*id)).collect();
+                        stored.extend(Self::stored_many(many, tx, consumer, &others).await?);
+                        continue;
+                    }
+                    let mut fresh = chunk.to_vec();
+                    let mut read = false;
+                    loop {
+                        let sql = many.insert(fresh.len(), false);
+                        let mut q = sqlx::query(&sql);
+                        for (id, fp) in &fresh {
+                            q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
+                        }
+                        match q.execute(&mut **tx).await {
+                            Ok(_) => {
+                                inserted.extend(fresh.iter().map(|k| k.0.as_str().to_owned()));
+                                break;
+                            }
+                            // The failed statement was undone alone; once the stored keys
+                            // are known, the next insert holds only new ones.
+                            Err(sqlx::Error::Database(e))
+                                if e.is_unique_violation() && !read =>
+                            {
+                                read = true;
+                                let found = Self::stored_many(many, tx, consumer, &ids).await?;
+                                fresh.retain(|k| !found.contains_key(k.0.as_str()));
+                                stored.extend(found);
+                                if fresh.is_empty() {
+                                    break;
+                                }
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                 }
                 $crate::common::many_answers(keys, &inserted, &stored)
             }
+
+            $(
+                async fn begin_claimed(
+                    &self,
+                    consumer: &str,
+                    keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
+                ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
+                    if let Some(done) = self.$bc(consumer, keys).await? {
+                        return Ok(done);
+                    }
+                    let mut tx = <Self as justonce_core::Store>::begin(self).await?;
+                    let claims = self.claim_many(&mut tx, consumer, keys).await?;
+                    Ok((tx, claims))
+                }
+            )?
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
                 $(

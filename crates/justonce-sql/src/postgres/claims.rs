@@ -34,8 +34,8 @@ impl PgClaimStore {
             &[
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
-                         consumer     TEXT        NOT NULL,
-                         message_id   TEXT        NOT NULL,
+                         consumer     TEXT        COLLATE \"C\" NOT NULL,
+                         message_id   TEXT        COLLATE \"C\" NOT NULL,
                          fingerprint  TEXT        NOT NULL,
                          state        TEXT        NOT NULL CHECK (state IN ('in_progress', 'released', 'completed')),
                          token        BIGINT      NOT NULL,

@@ -23,7 +23,7 @@ fn schema() -> Vec<String> {
     [
         "CREATE TABLE IF NOT EXISTS jo_queue (
              seq          BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-             queue        TEXT        NOT NULL,
+             queue        TEXT        COLLATE \"C\" NOT NULL,
              message_id   TEXT,
              payload      BYTEA       NOT NULL,
              headers      TEXT        NOT NULL,

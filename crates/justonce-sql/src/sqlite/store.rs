@@ -4,7 +4,7 @@ use justonce_core::{validate_identifier, Result};
 use sqlx::{Sqlite, SqlitePool};
 
 use super::{connect, NOW_MS};
-use crate::common::{impl_dedup_store, DedupSql, ManySql};
+use crate::common::{impl_dedup_store, DedupSql, ManyOrder, ManySql};
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -89,6 +89,7 @@ impl SqliteStore {
                 table: table.clone(),
                 stamp: (", processed_at", format!(", {NOW_MS}")),
                 dollar: false,
+                order: ManyOrder::StatementRollback,
             }),
         };
         Ok(SqliteStore {

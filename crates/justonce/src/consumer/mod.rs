@@ -646,15 +646,27 @@ where
         }
 
         let mut results = vec![None; batch.len()];
-        let mut tx = self.store.begin().await?;
         // Most batches fail nowhere: run them with no savepoint per message (two round trips
         // each saved) and, only when a message fails, roll the batch back and run it again
         // with a savepoint per message, so that the failing one rolls back alone.
         let optimistic = self.opts.optimistic_batches && claims.is_none();
+        let (mut tx, claimed) = if optimistic && self.effectively_once(Idempotency::DedupTable) {
+            let (tx, answers) = self.begin_claimed(batch, &slots).await?;
+            (tx, Some(answers))
+        } else {
+            (self.store.begin().await?, None)
+        };
         let report_before = report;
         let failed = if optimistic {
-            self.handle_fast(&mut tx, batch, &mut slots, &mut results, &mut report)
-                .await?
+            self.handle_fast(
+                &mut tx,
+                claimed,
+                batch,
+                &mut slots,
+                &mut results,
+                &mut report,
+            )
+            .await?
         } else {
             None
         };
@@ -763,7 +775,35 @@ where
         }
     }
 
-    /// Handles the batch with no savepoints, claiming its dedup keys in one call. Stops at
+    /// Begins the batch's transaction with its dedup keys claimed in it (one
+    /// `DedupStore::begin_claimed` call): one answer per pending message with an id.
+    async fn begin_claimed(
+        &self,
+        batch: &[Delivery],
+        slots: &[Slot],
+    ) -> Result<(S::Tx, Vec<Claim>)> {
+        let keys: Vec<(&MessageId, Fingerprint)> = batch
+            .iter()
+            .zip(slots)
+            .filter(|(_, s)| matches!(s.settle, Settle::Pending))
+            .filter_map(|(d, s)| Some((s.id.as_ref()?, d.message.fingerprint())))
+            .collect();
+        let (tx, answers) = self.store.begin_claimed(&self.opts.name, &keys).await?;
+        if answers.len() != keys.len() {
+            return Err(Error::new(
+                ErrorKind::Handler,
+                format!(
+                    "the dedup store answered {} claims for {} keys",
+                    answers.len(),
+                    keys.len()
+                ),
+            ));
+        }
+        Ok((tx, answers))
+    }
+
+    /// Handles the batch with no savepoints, its dedup keys already claimed (`claimed`, by
+    /// [`Inner::begin_claimed`]) when the method is the dedup table. Stops at
     /// the first handler that fails (answers other than `Ok`) and returns its place and
     /// answer: its writes cannot be rolled back alone, so the caller rolls the whole batch
     /// back and runs it with savepoints. Duplicates and conflicts found by the claim wrote
@@ -771,33 +811,13 @@ where
     async fn handle_fast(
         &self,
         tx: &mut S::Tx,
+        claimed: Option<Vec<Claim>>,
         batch: &[Delivery],
         slots: &mut [Slot],
         results: &mut [Option<Vec<u8>>],
         report: &mut BatchReport,
     ) -> Result<Option<(usize, Disposition)>> {
-        let mut claimed = if self.effectively_once(Idempotency::DedupTable) {
-            let keys: Vec<(&MessageId, Fingerprint)> = batch
-                .iter()
-                .zip(slots.iter())
-                .filter(|(_, s)| matches!(s.settle, Settle::Pending))
-                .filter_map(|(d, s)| Some((s.id.as_ref()?, d.message.fingerprint())))
-                .collect();
-            let answers = self.store.claim_many(tx, &self.opts.name, &keys).await?;
-            if answers.len() != keys.len() {
-                return Err(Error::new(
-                    ErrorKind::Handler,
-                    format!(
-                        "the dedup store answered {} claims for {} keys",
-                        answers.len(),
-                        keys.len()
-                    ),
-                ));
-            }
-            Some(answers.into_iter())
-        } else {
-            None
-        };
+        let mut claimed = claimed.map(Vec::into_iter);
         for (i, ((d, slot), result)) in batch
             .iter()
             .zip(slots.iter_mut())
