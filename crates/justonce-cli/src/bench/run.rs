@@ -293,6 +293,8 @@ async fn measure<B: Bank>(
         next += n;
     }
 
+    settle(args).await?;
+
     // 2. Drain.
     let clock = Arc::new(Clock::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -359,6 +361,47 @@ async fn measure<B: Bank>(
         rss_mb: peak_rss_mb(),
         effects,
     })
+}
+
+/// Brings the databases to the same state before every timed drain, so that no run pays
+/// for the writes of the runs before it: on PostgreSQL a `VACUUM ANALYZE` of the queue
+/// table (every run deletes its rows) and a `CHECKPOINT` (a checkpoint that starts during a
+/// drain makes it write full pages again); on SQLite a checkpoint that empties the WAL.
+async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let queue = Bus::scheme(&args.transport)?;
+    let mut urls = vec![];
+    if args.store != args.transport {
+        urls.push((args.store.as_str(), store_scheme(&args.store)?, false));
+    }
+    if queue != "amqp" {
+        urls.push((args.transport.as_str(), queue, true));
+    }
+    for (url, scheme, is_queue) in urls {
+        match scheme {
+            "postgres" => {
+                let mut c = sqlx::PgConnection::connect(url).await?;
+                if is_queue {
+                    sqlx::raw_sql("VACUUM ANALYZE jo_queue")
+                        .execute(&mut c)
+                        .await?;
+                }
+                if let Err(e) = sqlx::raw_sql("CHECKPOINT").execute(&mut c).await {
+                    tracing::warn!(%e, "CHECKPOINT refused: runs may pay for earlier runs' writes");
+                }
+                c.close().await?;
+            }
+            "sqlite" => {
+                let mut c = sqlx::SqliteConnection::connect(url).await?;
+                sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .execute(&mut c)
+                    .await?;
+                c.close().await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
