@@ -25,24 +25,45 @@ const MS: &str = "interval '1 millisecond'";
 
 /// Opens a pool on a `postgres://` URL.
 pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<PgPool> {
+    connect_with(url, max_connections, None).await
+}
+
+/// As [`connect`]; `setup` runs on every new connection of the pool (a `PREPARE`). A setup
+/// that fails is logged and leaves the connection as it is: what it prepares is an
+/// optimisation, and a table dropped under a live pool must not stop it from connecting.
+pub(crate) async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    setup: Option<String>,
+) -> Result<PgPool> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(Error::config(format!(
             "`{}` is not a PostgreSQL URL: use postgres://USER@HOST:PORT/DATABASE",
             redact_url(url)
         )));
     }
-    PgPoolOptions::new()
+    let mut options = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(url)
-        .await
-        .map_err(|e| {
-            Error::with_source(
-                ErrorKind::Connect,
-                format!("cannot connect to PostgreSQL at {}", redact_url(url)),
-                e,
-            )
-        })
+        .acquire_timeout(Duration::from_secs(10));
+    if let Some(setup) = setup {
+        let setup: std::sync::Arc<str> = setup.into();
+        options = options.after_connect(move |conn, _| {
+            let setup = setup.clone();
+            Box::pin(async move {
+                if let Err(e) = sqlx::Executor::execute(conn, &*setup).await {
+                    tracing::debug!(error = %e, "a connection's setup failed");
+                }
+                Ok(())
+            })
+        });
+    }
+    options.connect(url).await.map_err(|e| {
+        Error::with_source(
+            ErrorKind::Connect,
+            format!("cannot connect to PostgreSQL at {}", redact_url(url)),
+            e,
+        )
+    })
 }
 
 /// Runs DDL statements under the schema lock.

@@ -6,8 +6,11 @@ use justonce_core::{validate_identifier, Claim, Error, Fingerprint, MessageId, R
 use sqlx::{PgPool, Postgres};
 use tracing::warn;
 
-use super::{connect, create, MS};
+use super::{connect, connect_with, create, MS};
 use crate::common::{impl_dedup_store, DedupSql, ManyOrder, ManySql};
+
+/// The claim every connection of a non-partitioned store prepares (`begin_with_claim`).
+const FOLDED_CLAIM: &str = "justonce_claim";
 
 /// The transaction a handler on a [`PgStore`] receives: write through `&mut **tx`.
 pub type PgTx = sqlx::Transaction<'static, Postgres>;
@@ -161,6 +164,19 @@ impl PgStore {
                 }),
             }
         };
+        // Every connection of the store's pool prepares the claim that rides on `BEGIN`
+        // (`begin_with_claim`): a simple query is parsed and planned each time, a prepared
+        // statement once per connection.
+        let pool = if partitioned {
+            pool
+        } else {
+            pool.close().await;
+            let prepare = format!(
+                "PREPARE {FOLDED_CLAIM} (text, text, text) AS
+                 INSERT INTO {t} (consumer, message_id, fingerprint) VALUES ($1, $2, $3)"
+            );
+            connect_with(url, opts.max_connections, Some(prepare)).await?
+        };
         let store = PgStore {
             pool,
             sql: Arc::new(sql),
@@ -279,12 +295,13 @@ impl PgStore {
 
     /// The purge of a partitioned table; `None` (batched delete) otherwise.
     /// An unbatched consumer's claim rides on its `BEGIN`: one simple query,
-    /// `INSERT …; BEGIN`. The statements before a `BEGIN` in one query join the transaction
+    /// `EXECUTE` of the claim every connection prepared, then `BEGIN`. The statements before a `BEGIN` in one query join the transaction
     /// it opens; a stored key fails the insert, the query stops before its `BEGIN`, the
     /// implicit transaction rolls back and the connection is idle again, and the usual
     /// `begin` and claim then tell a duplicate from a conflict. Saves one round trip per
     /// message, which is most of what effectively-once costs an unbatched consumer. A simple
     /// query takes no parameters: the values are `E'…'` literals (see [`literal`]).
+    /// Not on a partitioned table, whose claim needs its advisory lock first.
     async fn begin_with_claim(
         &self,
         consumer: &str,
@@ -297,8 +314,7 @@ impl PgStore {
             return Ok(None);
         }
         let sql = format!(
-            "INSERT INTO {} (consumer, message_id, fingerprint) VALUES ({}, {}, '{}'); BEGIN",
-            self.table,
+            "EXECUTE {FOLDED_CLAIM}({}, {}, '{}'); BEGIN",
             literal(consumer),
             literal(id.as_str()),
             fp.to_hex()
@@ -306,6 +322,12 @@ impl PgStore {
         match self.pool.begin_with(sql).await {
             Ok(tx) => Ok(Some((tx, vec![Claim::Fresh]))),
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+            // The session lost its prepared statements (`DISCARD ALL`, a pooler's reset):
+            // this connection claims the usual way from now on.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("26000") => {
+                tracing::debug!(table = %self.table, "no prepared claim on this connection: {e}");
+                Ok(None)
+            }
             Err(e) => Err(e.into()),
         }
     }

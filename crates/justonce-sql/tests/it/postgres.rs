@@ -264,3 +264,91 @@ mod partitioned {
             .unwrap();
     }
 }
+
+mod folded_claim {
+    use justonce_core::conformance::{self, unique_name};
+    use justonce_core::{Claim, DedupStore, Fingerprint, MessageId, Store};
+    use justonce_sql::{PgStore, PgStoreOptions};
+    use sqlx::Connection as _;
+
+    fn url() -> Option<String> {
+        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+            std::env::var("JUSTONCE_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+        })
+    }
+
+    /// A one-key claim rides on `BEGIN` (`INSERT …; BEGIN`). A stored key fails that insert;
+    /// the pool's only connection must then be idle, not inside an aborted transaction, and
+    /// the claim must still answer duplicate or conflict, again and again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stored_key_leaves_the_connection_idle() {
+        let Some(url) = url() else { return };
+        let mut o = PgStoreOptions::default();
+        o.dedup_table = unique_name("jo_dedup_fold");
+        o.max_connections = 1;
+        let table = o.dedup_table.clone();
+        let store = PgStore::open_with(&url, o).await.unwrap();
+        let (fp, other) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
+        let id = MessageId::new("fold-1").unwrap();
+        let (tx, answers) = store.begin_claimed("c", &[(&id, fp)]).await.unwrap();
+        assert_eq!(answers, vec![Claim::Fresh]);
+        store.commit(tx).await.unwrap();
+        for round in 0..3 {
+            for (fp_now, want) in [
+                (fp, Claim::Duplicate),
+                (other, Claim::Conflict { stored: fp }),
+            ] {
+                let (mut tx, answers) = store.begin_claimed("c", &[(&id, fp_now)]).await.unwrap();
+                assert_eq!(answers, vec![want], "round {round}");
+                // The transaction handed out is a working one.
+                let one: i32 = sqlx::query_scalar("SELECT 1")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                assert_eq!(one, 1);
+                store.rollback(tx).await.unwrap();
+            }
+            // Outside any transaction the connection autocommits: a write is visible at once
+            // to a second connection, which it would not be from an aborted transaction.
+            sqlx::query(&format!(
+                "INSERT INTO {table} (consumer, message_id, fingerprint) VALUES ('probe', $1, 'x')"
+            ))
+            .bind(format!("p{round}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+            let mut second = sqlx::PgConnection::connect(&url).await.unwrap();
+            let seen: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE consumer = 'probe'"
+            ))
+            .fetch_one(&mut second)
+            .await
+            .unwrap();
+            assert_eq!(seen, round + 1, "round {round}: the probe committed");
+        }
+        // The claim was the prepared one (the pool's only connection prepared it)...
+        let prepared: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'justonce_claim'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(prepared, 1, "every connection prepares the folded claim");
+        // ...and a session that lost it (a pooler's reset) claims the usual way.
+        sqlx::raw_sql("DEALLOCATE justonce_claim")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let fresh = MessageId::new("fold-2").unwrap();
+        for (id, want) in [(&fresh, Claim::Fresh), (&id, Claim::Duplicate)] {
+            let (tx, answers) = store.begin_claimed("c", &[(id, fp)]).await.unwrap();
+            assert_eq!(answers, vec![want], "without the prepared claim");
+            store.rollback(tx).await.unwrap();
+        }
+        sqlx::raw_sql(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
