@@ -92,9 +92,7 @@ pub trait DedupStore: Store {
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<(Self::Tx, Vec<Claim>)> {
-        let mut tx = self.begin().await?;
-        let claims = self.claim_many(&mut tx, consumer, keys).await?;
-        Ok((tx, claims))
+        begin_then_claim(self, consumer, keys).await
     }
 
     /// Deletes at most `batch` records older than `retention` by the store's clock;
@@ -218,6 +216,19 @@ pub fn validate_identifier(name: &str) -> Result<()> {
             "`{name}` is not a valid SQL identifier: use 1-63 characters of A-Z a-z 0-9 _, not starting with a digit"
         )))
     }
+}
+
+/// [`DedupStore::begin_claimed`] in two steps, [`Store::begin`] then
+/// [`DedupStore::claim_many`]: the default, and the fallback of a store that folds only some
+/// claims into its `BEGIN`.
+pub async fn begin_then_claim<S: DedupStore + ?Sized>(
+    store: &S,
+    consumer: &str,
+    keys: &[(&MessageId, Fingerprint)],
+) -> Result<(S::Tx, Vec<Claim>)> {
+    let mut tx = store.begin().await?;
+    let claims = store.claim_many(&mut tx, consumer, keys).await?;
+    Ok((tx, claims))
 }
 
 /// [`DedupStore::claim_many`] key by key, with [`DedupStore::claim`]: the default, and the

@@ -374,12 +374,10 @@ macro_rules! impl_dedup_store {
                     consumer: &str,
                     keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
                 ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
-                    if let Some(done) = self.$bc(consumer, keys).await? {
-                        return Ok(done);
+                    match self.$bc(consumer, keys).await? {
+                        Some(done) => Ok(done),
+                        None => justonce_core::begin_then_claim(self, consumer, keys).await,
                     }
-                    let mut tx = <Self as justonce_core::Store>::begin(self).await?;
-                    let claims = self.claim_many(&mut tx, consumer, keys).await?;
-                    Ok((tx, claims))
                 }
             )?
 

@@ -18,12 +18,8 @@ mod queue {
     };
     use justonce_sql::{PgQueue, PgQueueOptions, PgStore};
 
-    fn url() -> Option<String> {
-        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
-            std::env::var("JUSTONCE_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-        })
-    }
+    // The backend tests' URL (`None` when the server is down and not required).
+    use super::url;
 
     async fn open(url: &str, name: &str, lease: Duration, poll: Duration) -> PgQueue {
         let mut o = PgQueueOptions::default();
@@ -191,12 +187,8 @@ mod partitioned {
     use justonce_core::conformance::{self, unique_name};
     use justonce_sql::{PgStore, PgStoreOptions};
 
-    fn url() -> Option<String> {
-        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
-            std::env::var("JUSTONCE_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-        })
-    }
+    // The backend tests' URL (`None` when the server is down and not required).
+    use super::url;
 
     async fn open(url: &str) -> (PgStore, String) {
         let mut o = PgStoreOptions::default();
@@ -266,17 +258,13 @@ mod partitioned {
 }
 
 mod folded_claim {
-    use justonce_core::conformance::{self, unique_name};
+    use justonce_core::conformance::unique_name;
     use justonce_core::{Claim, DedupStore, Fingerprint, MessageId, Store};
     use justonce_sql::{PgStore, PgStoreOptions};
     use sqlx::Connection as _;
 
-    fn url() -> Option<String> {
-        conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
-            std::env::var("JUSTONCE_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-        })
-    }
+    // The backend tests' URL (`None` when the server is down and not required).
+    use super::url;
 
     /// A one-key claim rides on `BEGIN` (`INSERT …; BEGIN`). A stored key fails that insert;
     /// the pool's only connection must then be idle, not inside an aborted transaction, and
