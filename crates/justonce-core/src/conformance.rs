@@ -226,17 +226,11 @@ async fn dedup_claim_many<S: DedupStore>(store: &S, consumer: &str, ns: &str) {
         "a rolled-back claim_many leaves nothing behind"
     );
     store.commit(tx).await.unwrap();
-    let mut tx = store.begin().await.unwrap();
-    let key = DedupKey {
-        consumer,
-        message_id: &m7,
-    };
     assert_eq!(
-        store.claim(&mut tx, key, fp).await.unwrap(),
+        claim_and_roll_back(store, consumer, &m7, fp).await,
         Claim::Duplicate,
         "a committed claim_many records its keys"
     );
-    store.rollback(tx).await.unwrap();
     dedup_begin_claimed(store, consumer, ns).await;
 }
 
@@ -303,17 +297,28 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         "an id with quotes and backslashes"
     );
     store.commit(tx).await.unwrap();
-    let mut tx = store.begin().await.unwrap();
-    let key = DedupKey {
-        consumer,
-        message_id: &odd,
-    };
     assert_eq!(
-        store.claim(&mut tx, key, fp).await.unwrap(),
+        claim_and_roll_back(store, consumer, &odd, fp).await,
         Claim::Duplicate,
         "begin_claimed recorded the id exactly as claim reads it"
     );
+}
+
+/// One claim in a transaction of its own, rolled back: what the store holds for the key.
+async fn claim_and_roll_back<S: DedupStore>(
+    store: &S,
+    consumer: &str,
+    message_id: &MessageId,
+    fp: Fingerprint,
+) -> Claim {
+    let mut tx = store.begin().await.unwrap();
+    let key = DedupKey {
+        consumer,
+        message_id,
+    };
+    let claim = store.claim(&mut tx, key, fp).await.unwrap();
     store.rollback(tx).await.unwrap();
+    claim
 }
 
 /// The purge half of [`dedup_store`], after [`dedup_claims`] with the same `ns`: records
@@ -322,10 +327,6 @@ pub async fn dedup_purge<S: DedupStore>(store: Arc<S>, ns: &str) {
     let consumer = format!("{ns}-c");
     let fp = Fingerprint::of(b"payload");
     let m1 = id(&format!("{ns}-m1"));
-    let key = DedupKey {
-        consumer: &consumer,
-        message_id: &m1,
-    };
     tokio::time::sleep(Duration::from_millis(30)).await;
     let mut purged = 0;
     loop {
@@ -340,13 +341,11 @@ pub async fn dedup_purge<S: DedupStore>(store: Arc<S>, ns: &str) {
         purged >= 4,
         "purge deleted the old records (deleted {purged})"
     );
-    let mut tx = store.begin().await.unwrap();
     assert_eq!(
-        store.claim(&mut tx, key, fp).await.unwrap(),
+        claim_and_roll_back(store.as_ref(), &consumer, &m1, fp).await,
         Claim::Fresh,
         "a purged key is fresh again"
     );
-    store.rollback(tx).await.unwrap();
     assert_eq!(
         store.purge(Duration::from_secs(3600), 1000).await.unwrap(),
         0,

@@ -62,9 +62,9 @@ impl ManySql {
         }
     }
 
-    /// The insert of `n` keys: skipping the stored ones and returning the new ones'
-    /// ids (`returning`), or a plain insert that fails on a stored key.
-    pub(crate) fn insert(&self, n: usize, returning: bool) -> String {
+    /// The insert of `n` keys, as [`ManySql::order`] says: skipping the stored ones and
+    /// returning the new ones' ids, or a plain insert that fails on a stored key.
+    pub(crate) fn insert(&self, n: usize) -> String {
         let (col, value) = &self.stamp;
         let rows: Vec<String> = (0..n)
             .map(|k| {
@@ -80,7 +80,7 @@ impl ManySql {
             "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}{}",
             self.table,
             rows.join(", "),
-            if returning {
+            if self.order == ManyOrder::Returning {
                 "\n             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id"
             } else {
                 ""
@@ -322,7 +322,7 @@ macro_rules! impl_dedup_store {
                 for chunk in distinct.chunks($crate::common::MANY_CHUNK) {
                     let ids: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
                     if many.order == $crate::common::ManyOrder::Returning {
-                        let sql = many.insert(chunk.len(), true);
+                        let sql = many.insert(chunk.len());
                         let mut q = sqlx::query(&sql);
                         for (id, fp) in chunk {
                             q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
@@ -338,7 +338,7 @@ macro_rules! impl_dedup_store {
                     let mut fresh = chunk.to_vec();
                     let mut read = false;
                     loop {
-                        let sql = many.insert(fresh.len(), false);
+                        let sql = many.insert(fresh.len());
                         let mut q = sqlx::query(&sql);
                         for (id, fp) in &fresh {
                             q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
