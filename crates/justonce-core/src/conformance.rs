@@ -174,6 +174,56 @@ pub async fn dedup_claims<S: DedupStore>(store: Arc<S>, ns: &str) {
         "two concurrent claims of one key: exactly one wins"
     );
 
+    // The same with one batch of two keys through `begin_claimed` (which a store may run
+    // as an insert that fails on a stored key): one commits both as Fresh, the other then
+    // finds both.
+    let (m11, m12) = (id(&format!("{ns}-m11")), id(&format!("{ns}-m12")));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (store, consumer) = (store.clone(), consumer.clone());
+        let (m11, m12) = (m11.clone(), m12.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..50 {
+                match store
+                    .begin_claimed(&consumer, &[(&m12, fp), (&m11, fp)])
+                    .await
+                {
+                    Ok((tx, answers)) if answers == [Claim::Fresh, Claim::Fresh] => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        match store.commit(tx).await {
+                            Ok(()) => return Some(true),
+                            Err(e) if e.is_transient() => continue,
+                            Err(e) => panic!("commit failed: {e}"),
+                        }
+                    }
+                    Ok((tx, answers)) => {
+                        store.rollback(tx).await.unwrap();
+                        assert_eq!(
+                            answers,
+                            [Claim::Duplicate, Claim::Duplicate],
+                            "the batch that lost finds both keys"
+                        );
+                        return Some(false);
+                    }
+                    Err(e) if e.is_transient() => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => panic!("begin_claimed failed: {e}"),
+                }
+            }
+            None
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        let won = t.await.unwrap().expect("a concurrent batch never settled");
+        wins += usize::from(won);
+    }
+    assert_eq!(
+        wins, 1,
+        "two concurrent batches of the same keys: exactly one wins"
+    );
+
     dedup_claim_many(store.as_ref(), &consumer, ns).await;
 }
 
@@ -290,6 +340,40 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         "begin_claimed answers a batch as claim_many does"
     );
     store.rollback(tx).await.unwrap();
+    // New keys only (a store may insert them without looking first), out of byte order
+    // ("m10" sorts first), one of them twice; then once each, committed: each recorded
+    // with its own payload.
+    let (m9, m10) = (id(&format!("{ns}-m9")), id(&format!("{ns}-m10")));
+    let (tx, answers) = store
+        .begin_claimed(consumer, &[(&m9, other_fp), (&m10, fp), (&m9, other_fp)])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh, Claim::Fresh, Claim::Duplicate],
+        "begin_claimed: a new batch with a repeat"
+    );
+    store.rollback(tx).await.unwrap();
+    let (tx, answers) = store
+        .begin_claimed(consumer, &[(&m9, other_fp), (&m10, fp)])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![Claim::Fresh, Claim::Fresh],
+        "begin_claimed: a new batch"
+    );
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        claim_and_roll_back(store, consumer, &m9, other_fp).await,
+        Claim::Duplicate,
+        "a committed batch records each key with its fingerprint"
+    );
+    assert_eq!(
+        claim_and_roll_back(store, consumer, &m10, other_fp).await,
+        Claim::Conflict { stored: fp },
+        "a committed batch records each key with its fingerprint"
+    );
     let (tx, answers) = store.begin_claimed(consumer, &one(&odd, fp)).await.unwrap();
     assert_eq!(
         answers,

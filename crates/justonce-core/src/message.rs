@@ -73,9 +73,11 @@ impl Fingerprint {
 
     /// The 32 lowercase hex digits of the fingerprint.
     pub fn to_hex(&self) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut s = String::with_capacity(32);
         for b in self.0 {
-            s.push_str(&format!("{b:02x}"));
+            s.push(char::from(DIGITS[usize::from(b >> 4)]));
+            s.push(char::from(DIGITS[usize::from(b & 0xf)]));
         }
         s
     }

@@ -20,20 +20,20 @@ pub(crate) struct DedupSql {
 }
 
 /// The statements of `claim_many` for a dedup table with a unique `(consumer, message_id)`
-/// and `INSERT … ON CONFLICT DO NOTHING` (SQLite, PostgreSQL). Parameters: the insert takes
-/// `(consumer, message id, fingerprint)` per row; the select takes the consumer, then the
-/// message ids.
+/// (SQLite, PostgreSQL). Parameters are numbered (`$n`, which SQLite reads too), so the
+/// consumer is bound once: the insert takes the consumer, then the id and fingerprint of
+/// each row (or, as `Arrays`, the ids and the fingerprints as two arrays); the select takes
+/// the consumer, then the message ids.
 #[derive(Debug)]
 pub(crate) struct ManySql {
     pub(crate) table: String,
     /// Columns and values after `(consumer, message_id, fingerprint`: `""` when the table's
     /// default stamps the row, or `", processed_at"` and its SQL expression.
     pub(crate) stamp: (&'static str, String),
-    /// `$n` placeholders (PostgreSQL) instead of `?`.
-    pub(crate) dollar: bool,
     /// How the batch learns which keys were there before it:
-    /// - `Returning` (PostgreSQL): insert skipping stored keys, `RETURNING` the ids it wrote,
-    ///   then read the fingerprints of the others. Safe under concurrent claims: a second
+    /// - `Arrays` (PostgreSQL): one statement takes the batch as two arrays, inserts skipping
+    ///   stored keys and answers the ids it skipped (none, nearly always); then the batch
+    ///   reads the fingerprints of those. Safe under concurrent claims: a second
     ///   transaction's insert waits on the first's row and then skips it.
     /// - `StatementRollback` (SQLite): a plain insert of every key; SQLite undoes a statement
     ///   that breaks a constraint alone and the transaction goes on, so on a stored key the
@@ -41,12 +41,14 @@ pub(crate) struct ManySql {
     ///   connection on its own thread and sends every returned row across a channel: while
     ///   no key is stored (nearly always) the claim is one statement that returns nothing.
     pub(crate) order: ManyOrder,
+    /// The inserts made so far, by row count: a batch's is built once, not per batch.
+    pub(crate) inserts: std::sync::Mutex<std::collections::HashMap<usize, std::sync::Arc<str>>>,
 }
 
 /// See [`ManySql::order`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ManyOrder {
-    Returning,
+    Arrays,
     StatementRollback,
 }
 
@@ -54,46 +56,62 @@ pub(crate) enum ManyOrder {
 pub(crate) const MANY_CHUNK: usize = 500;
 
 impl ManySql {
-    fn ph(&self, i: usize) -> String {
-        if self.dollar {
-            format!("${i}")
-        } else {
-            "?".to_owned()
+    pub(crate) fn new(table: &str, stamp: (&'static str, String), order: ManyOrder) -> Self {
+        ManySql {
+            table: table.to_owned(),
+            stamp,
+            order,
+            inserts: Default::default(),
         }
     }
 
-    /// The insert of `n` keys, as [`ManySql::order`] says: skipping the stored ones and
-    /// returning the new ones' ids, or a plain insert that fails on a stored key.
-    pub(crate) fn insert(&self, n: usize) -> String {
+    /// [`ManySql::build_insert`], built once per row count.
+    pub(crate) fn insert(&self, n: usize) -> std::sync::Arc<str> {
+        let mut inserts = self.inserts.lock().unwrap_or_else(|e| e.into_inner());
+        if inserts.len() > 64 {
+            inserts.clear(); // batch sizes vary without bound only if the caller's do
+        }
+        inserts
+            .entry(n)
+            .or_insert_with(|| self.build_insert(n).into())
+            .clone()
+    }
+
+    /// The insert of `n` keys, as [`ManySql::order`] says: of the arrays `$2` (ids) and `$3`
+    /// (fingerprints) for consumer `$1`, skipping the stored ones and answering their ids
+    /// (`n` is not used); or a plain insert of `n` rows that fails on a stored key.
+    fn build_insert(&self, n: usize) -> String {
         let (col, value) = &self.stamp;
+        if self.order == ManyOrder::Arrays {
+            // The ids compare as the key column does (`COLLATE "C"`), whatever collation
+            // an older table was created with.
+            return format!(
+                "WITH k (message_id, fingerprint) AS (SELECT * FROM unnest($2::text[], $3::text[])),
+                      ins AS (INSERT INTO {t} (consumer, message_id, fingerprint{col})
+                              SELECT $1, message_id, fingerprint{value} FROM k
+                              ON CONFLICT (consumer, message_id) DO NOTHING
+                              RETURNING message_id)
+                 SELECT message_id FROM k
+                 WHERE NOT EXISTS (SELECT 1 FROM ins
+                                   WHERE ins.message_id = k.message_id COLLATE \"C\")",
+                t = self.table
+            );
+        }
         let rows: Vec<String> = (0..n)
-            .map(|k| {
-                format!(
-                    "({}, {}, {}{value})",
-                    self.ph(3 * k + 1),
-                    self.ph(3 * k + 2),
-                    self.ph(3 * k + 3)
-                )
-            })
+            .map(|k| format!("($1, ${}, ${}{value})", 2 * k + 2, 2 * k + 3))
             .collect();
         format!(
-            "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}{}",
+            "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}",
             self.table,
             rows.join(", "),
-            if self.order == ManyOrder::Returning {
-                "\n             ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id"
-            } else {
-                ""
-            }
         )
     }
 
     pub(crate) fn select(&self, n: usize) -> String {
-        let ids: Vec<String> = (0..n).map(|k| self.ph(k + 2)).collect();
+        let ids: Vec<String> = (0..n).map(|k| format!("${}", k + 2)).collect();
         format!(
-            "SELECT message_id, fingerprint FROM {} WHERE consumer = {} AND message_id IN ({})",
+            "SELECT message_id, fingerprint FROM {} WHERE consumer = $1 AND message_id IN ({})",
             self.table,
-            self.ph(1),
             ids.join(", ")
         )
     }
@@ -178,11 +196,13 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 /// `(retention) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
 /// leave it to the batched delete of `sql.purge`; `begin_claimed:` names an inherent method
 /// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims in one round
-/// trip, or answers `None` to leave it to `begin` then `claim_many`.
+/// trip, or answers `None` to leave it to `begin` then `claim_many`; `arrays:` names an
+/// associated fn `(many, tx, consumer, keys) -> Result<HashSet<String>>` that runs the
+/// [`ManyOrder::Arrays`] insert and answers the ids it skipped.
 macro_rules! impl_dedup_store {
     (
         $store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? )
-        $(, purge: $purge:ident)? $(, begin_claimed: $bc:ident)?
+        $(, purge: $purge:ident)? $(, begin_claimed: $bc:ident)? $(, arrays: $arrays:ident)?
     ) => {
         #[async_trait::async_trait]
         impl justonce_core::Store for $store {
@@ -286,7 +306,6 @@ macro_rules! impl_dedup_store {
                 consumer: &str,
                 keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
             ) -> justonce_core::Result<Vec<justonce_core::Claim>> {
-                use sqlx::Row as _;
                 let Some(many) = &self.sql.many else {
                     return justonce_core::claim_each(self, tx, consumer, keys).await;
                 };
@@ -321,27 +340,24 @@ macro_rules! impl_dedup_store {
                 }
                 for chunk in distinct.chunks($crate::common::MANY_CHUNK) {
                     let ids: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
-                    if many.order == $crate::common::ManyOrder::Returning {
-                        let sql = many.insert(chunk.len());
-                        let mut q = sqlx::query(&sql);
-                        for (id, fp) in chunk {
-                            q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
+                    $(
+                        if many.order == $crate::common::ManyOrder::Arrays {
+                            let skipped = Self::$arrays(many, tx, consumer, chunk).await?;
+                            inserted.extend(
+                                ids.iter().filter(|id| !skipped.contains(**id)).map(|id| id.to_string()),
+                            );
+                            let others: Vec<&str> = skipped.iter().map(String::as_str).collect();
+                            stored.extend(Self::stored_many(many, tx, consumer, &others).await?);
+                            continue;
                         }
-                        for row in q.fetch_all(&mut **tx).await? {
-                            inserted.insert(row.try_get::<String, _>(0)?);
-                        }
-                        let others: Vec<&str> =
-                            ids.into_iter().filter(|id| !inserted.contains(*id)).collect();
-                        stored.extend(Self::stored_many(many, tx, consumer, &others).await?);
-                        continue;
-                    }
+                    )?
                     let mut fresh = chunk.to_vec();
                     let mut read = false;
                     loop {
                         let sql = many.insert(fresh.len());
-                        let mut q = sqlx::query(&sql);
+                        let mut q = sqlx::query(&sql).bind(consumer);
                         for (id, fp) in &fresh {
-                            q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
+                            q = q.bind(id.as_str()).bind(fp.to_hex());
                         }
                         match q.execute(&mut **tx).await {
                             Ok(_) => {

@@ -69,6 +69,16 @@ fn fingerprints_differ_with_the_payload() {
     assert_eq!(Fingerprint::from_hex("xyz"), None);
 }
 
+/// Stored fingerprints are compared as text: the digits must not change between versions.
+#[test]
+fn a_fingerprint_is_the_first_half_of_sha256_in_lowercase_hex() {
+    // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+    assert_eq!(
+        Fingerprint::of(b"abc").to_hex(),
+        "ba7816bf8f01cfea414140de5dae2223"
+    );
+}
+
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
     use serde_json::{json, Value};
     let leaf = prop_oneof![

@@ -67,6 +67,8 @@ pub struct PgStore {
     sql: Arc<DedupSql>,
     table: String,
     partitioned: bool,
+    /// The insert of [`PgStore::begin_with_plain_claims`].
+    plain_claims: String,
 }
 
 impl PgStore {
@@ -156,12 +158,7 @@ impl PgStore {
                     "DELETE FROM {t} WHERE ctid IN (
                          SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
                 ),
-                many: Some(ManySql {
-                    table: t.clone(),
-                    stamp: ("", String::new()),
-                    dollar: true,
-                    order: ManyOrder::Returning,
-                }),
+                many: Some(ManySql::new(t, ("", String::new()), ManyOrder::Arrays)),
             }
         };
         // Every connection of the store's pool prepares the claim that rides on `BEGIN`
@@ -182,6 +179,10 @@ impl PgStore {
             sql: Arc::new(sql),
             table: t.clone(),
             partitioned,
+            plain_claims: format!(
+                "INSERT INTO {t} (consumer, message_id, fingerprint)
+                 SELECT $1, * FROM unnest($2::text[], $3::text[])"
+            ),
         };
         if partitioned {
             store.create_partitions().await?;
@@ -293,26 +294,38 @@ impl PgStore {
         Ok(dropped)
     }
 
-    /// The purge of a partitioned table; `None` (batched delete) otherwise.
-    /// An unbatched consumer's claim rides on its `BEGIN`: one simple query,
-    /// `EXECUTE` of the claim every connection prepared, then `BEGIN`. The statements before a `BEGIN` in one query join the transaction
-    /// it opens; a stored key fails the insert, the query stops before its `BEGIN`, the
-    /// implicit transaction rolls back and the connection is idle again, and the usual
-    /// `begin` and claim then tell a duplicate from a conflict. Saves one round trip per
-    /// message, which is most of what effectively-once costs an unbatched consumer. A simple
-    /// query takes no parameters: the values are `E'…'` literals (see [`literal`]).
-    /// Not on a partitioned table, whose claim needs its advisory lock first.
+    /// Begins a transaction with `keys` claimed in it, the cheap way, while no key is
+    /// stored; answers `None` to leave it to `begin` and `claim_many`, which tell a
+    /// duplicate from a conflict. Not on a partitioned table, whose claims need their
+    /// advisory locks first.
     async fn begin_with_claim(
         &self,
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<Option<(PgTx, Vec<Claim>)>> {
-        let [(id, fp)] = keys else {
-            return Ok(None);
-        };
         if self.partitioned {
             return Ok(None);
         }
+        match keys {
+            [] => Ok(None),
+            [(id, fp)] => self.begin_with_folded_claim(consumer, id, *fp).await,
+            _ => self.begin_with_plain_claims(consumer, keys).await,
+        }
+    }
+
+    /// An unbatched consumer's claim rides on its `BEGIN`: one simple query, `EXECUTE` of
+    /// the claim every connection prepared, then `BEGIN`. The statements before a `BEGIN`
+    /// in one query join the transaction it opens; a stored key fails the insert, the
+    /// query stops before its `BEGIN`, the implicit transaction rolls back and the
+    /// connection is idle again. Saves one round trip per message, which is most of what
+    /// effectively-once costs an unbatched consumer. A simple query takes no parameters:
+    /// the values are `E'…'` literals (see [`literal`]).
+    async fn begin_with_folded_claim(
+        &self,
+        consumer: &str,
+        id: &MessageId,
+        fp: Fingerprint,
+    ) -> Result<Option<(PgTx, Vec<Claim>)>> {
         let sql = format!(
             "EXECUTE {FOLDED_CLAIM}({}, {}, '{}'); BEGIN",
             literal(consumer),
@@ -332,6 +345,63 @@ impl PgStore {
         }
     }
 
+    /// A batch's claims as a plain `INSERT` of every key, from two arrays. `ON CONFLICT DO
+    /// NOTHING` makes PostgreSQL insert each row speculatively (a probe of the index before
+    /// the heap insert, and one more WAL record to confirm it): 0.55 ms against 0.36 ms for
+    /// 100 rows, measured with pgbench. A stored key fails the insert and with it the
+    /// transaction, which is rolled back; the batch then claims the usual way. A batch that
+    /// holds an id twice goes that way at once.
+    async fn begin_with_plain_claims(
+        &self,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Option<(PgTx, Vec<Claim>)>> {
+        // Sorted, as `claim_many` sorts: two batches holding the same keys lock them in the
+        // same order.
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Ok(None);
+        }
+        let ids: Vec<&str> = sorted.iter().map(|k| k.0.as_str()).collect();
+        let fps: Vec<String> = sorted.iter().map(|k| k.1.to_hex()).collect();
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(&self.plain_claims)
+            .bind(consumer)
+            .bind(ids)
+            .bind(fps)
+            .execute(&mut *tx)
+            .await;
+        match inserted {
+            Ok(_) => Ok(Some((tx, vec![Claim::Fresh; keys.len()]))),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                tx.rollback().await?;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A batch's claims in one statement of three parameters (consumer, ids, fingerprints):
+    /// the ids it did not insert, because they were stored before.
+    async fn claim_arrays(
+        many: &ManySql,
+        tx: &mut PgTx,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<std::collections::HashSet<String>> {
+        let ids: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+        let fps: Vec<String> = keys.iter().map(|k| k.1.to_hex()).collect();
+        let skipped: Vec<String> = sqlx::query_scalar(&many.insert(keys.len()))
+            .bind(consumer)
+            .bind(ids)
+            .bind(fps)
+            .fetch_all(&mut **tx)
+            .await?;
+        Ok(skipped.into_iter().collect())
+    }
+
+    /// The purge of a partitioned table; `None` (batched delete) otherwise.
     async fn purge_partitions(&self, retention: Duration) -> Result<Option<u64>> {
         if !self.partitioned {
             return Ok(None);
@@ -341,7 +411,8 @@ impl PgStore {
 }
 
 impl_dedup_store!(
-    PgStore, PgTx, "postgres", begin: begin(), purge: purge_partitions, begin_claimed: begin_with_claim
+    PgStore, PgTx, "postgres", begin: begin(), purge: purge_partitions, begin_claimed: begin_with_claim,
+    arrays: claim_arrays
 );
 
 /// `s` as a PostgreSQL escape-string literal: `E'…'` with `\` and `'` doubled, which reads

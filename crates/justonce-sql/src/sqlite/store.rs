@@ -85,12 +85,11 @@ impl SqliteStore {
                 "DELETE FROM {table} WHERE (consumer, message_id) IN (
                      SELECT consumer, message_id FROM {table} WHERE processed_at < {NOW_MS} - ? LIMIT ?)"
             ),
-            many: Some(ManySql {
-                table: table.clone(),
-                stamp: (", processed_at", format!(", {NOW_MS}")),
-                dollar: false,
-                order: ManyOrder::StatementRollback,
-            }),
+            many: Some(ManySql::new(
+                table,
+                (", processed_at", format!(", {NOW_MS}")),
+                ManyOrder::StatementRollback,
+            )),
         };
         Ok(SqliteStore {
             pool,
