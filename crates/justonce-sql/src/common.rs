@@ -65,8 +65,13 @@ impl ManySql {
         }
     }
 
-    /// [`ManySql::build_insert`], built once per row count.
+    /// [`ManySql::build_insert`], built once per row count (once for `Arrays`).
     pub(crate) fn insert(&self, n: usize) -> std::sync::Arc<str> {
+        let n = if self.order == ManyOrder::Arrays {
+            0
+        } else {
+            n
+        };
         let mut inserts = self.inserts.lock().unwrap_or_else(|e| e.into_inner());
         if inserts.len() > 64 {
             inserts.clear(); // batch sizes vary without bound only if the caller's do
@@ -195,10 +200,11 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 /// `begin:` is the pool call that opens a transaction; `purge:` names an inherent method
 /// `(retention) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
 /// leave it to the batched delete of `sql.purge`; `begin_claimed:` names an inherent method
-/// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims in one round
-/// trip, or answers `None` to leave it to `begin` then `claim_many`; `arrays:` names an
-/// associated fn `(many, tx, consumer, keys) -> Result<HashSet<String>>` that runs the
-/// [`ManyOrder::Arrays`] insert and answers the ids it skipped.
+/// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims its own,
+/// cheaper way, or answers `None` to leave it to `begin` then `claim_many`; `arrays:` names
+/// an associated fn `(many, tx, consumer, keys) -> Result<HashSet<String>>` that runs the
+/// [`ManyOrder::Arrays`] insert and answers the ids it skipped (a store whose `ManySql` is
+/// `Arrays` must name it).
 macro_rules! impl_dedup_store {
     (
         $store:ty, $tx:ty, $backend:literal, begin: $begin:ident ( $($arg:expr)? )
