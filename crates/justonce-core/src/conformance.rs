@@ -295,21 +295,16 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         id(&format!("{ns}-m8")),
         id(&format!("{ns}-it's a \\'quoted'\\ id")),
     );
-    let one = |m, fp| [(m, fp)];
-    let (tx, answers) = store.begin_claimed(consumer, &one(&m8, fp)).await.unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(store, consumer, vec![(&m8, fp)], false).await,
         vec![Claim::Fresh],
         "begin_claimed: a new key is fresh"
     );
-    store.rollback(tx).await.unwrap();
-    let (tx, answers) = store.begin_claimed(consumer, &one(&m8, fp)).await.unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(store, consumer, vec![(&m8, fp)], true).await,
         vec![Claim::Fresh],
         "a rolled-back begin_claimed leaves nothing behind"
     );
-    store.commit(tx).await.unwrap();
     for (fp_now, want, what) in [
         (fp, Claim::Duplicate, "a committed key is a duplicate"),
         (
@@ -318,20 +313,21 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
             "another payload conflicts",
         ),
     ] {
-        let (tx, answers) = store
-            .begin_claimed(consumer, &one(&m8, fp_now))
-            .await
-            .unwrap();
-        assert_eq!(answers, vec![want], "begin_claimed: {what}");
         // The transaction is usable after a stored key, and rolls back cleanly.
-        store.rollback(tx).await.unwrap();
+        assert_eq!(
+            begin_claimed_then(store, consumer, vec![(&m8, fp_now)], false).await,
+            vec![want],
+            "begin_claimed: {what}"
+        );
     }
-    let (tx, answers) = store
-        .begin_claimed(consumer, &[(&m1, fp), (&m8, other_fp), (&odd, fp)])
-        .await
-        .unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(
+            store,
+            consumer,
+            vec![(&m1, fp), (&m8, other_fp), (&odd, fp)],
+            false
+        )
+        .await,
         vec![
             Claim::Duplicate,
             Claim::Conflict { stored: fp },
@@ -339,31 +335,26 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         ],
         "begin_claimed answers a batch as claim_many does"
     );
-    store.rollback(tx).await.unwrap();
     // New keys only (a store may insert them without looking first), out of byte order
     // ("m10" sorts first), one of them twice; then once each, committed: each recorded
     // with its own payload.
     let (m9, m10) = (id(&format!("{ns}-m9")), id(&format!("{ns}-m10")));
-    let (tx, answers) = store
-        .begin_claimed(consumer, &[(&m9, other_fp), (&m10, fp), (&m9, other_fp)])
-        .await
-        .unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(
+            store,
+            consumer,
+            vec![(&m9, other_fp), (&m10, fp), (&m9, other_fp)],
+            false
+        )
+        .await,
         vec![Claim::Fresh, Claim::Fresh, Claim::Duplicate],
         "begin_claimed: a new batch with a repeat"
     );
-    store.rollback(tx).await.unwrap();
-    let (tx, answers) = store
-        .begin_claimed(consumer, &[(&m9, other_fp), (&m10, fp)])
-        .await
-        .unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(store, consumer, vec![(&m9, other_fp), (&m10, fp)], true).await,
         vec![Claim::Fresh, Claim::Fresh],
         "begin_claimed: a new batch"
     );
-    store.commit(tx).await.unwrap();
     assert_eq!(
         claim_and_roll_back(store, consumer, &m9, other_fp).await,
         Claim::Duplicate,
@@ -374,18 +365,32 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         Claim::Conflict { stored: fp },
         "a committed batch records each key with its fingerprint"
     );
-    let (tx, answers) = store.begin_claimed(consumer, &one(&odd, fp)).await.unwrap();
     assert_eq!(
-        answers,
+        begin_claimed_then(store, consumer, vec![(&odd, fp)], true).await,
         vec![Claim::Fresh],
         "an id with quotes and backslashes"
     );
-    store.commit(tx).await.unwrap();
     assert_eq!(
         claim_and_roll_back(store, consumer, &odd, fp).await,
         Claim::Duplicate,
         "begin_claimed recorded the id exactly as claim reads it"
     );
+}
+
+/// `begin_claimed` of `keys`, then its transaction committed or rolled back: the answers.
+async fn begin_claimed_then<S: DedupStore>(
+    store: &S,
+    consumer: &str,
+    keys: Vec<(&MessageId, Fingerprint)>,
+    commit: bool,
+) -> Vec<Claim> {
+    let (tx, answers) = store.begin_claimed(consumer, &keys).await.unwrap();
+    if commit {
+        store.commit(tx).await.unwrap();
+    } else {
+        store.rollback(tx).await.unwrap();
+    }
+    answers
 }
 
 /// One claim in a transaction of its own, rolled back: what the store holds for the key.

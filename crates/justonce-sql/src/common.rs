@@ -122,6 +122,18 @@ impl ManySql {
     }
 }
 
+/// Each key once (its first occurrence), sorted by id: every claim of a batch takes its row
+/// locks in this order, so two batches holding the same keys cannot deadlock on them.
+pub(crate) fn lock_order<'a>(
+    keys: &[(&'a justonce_core::MessageId, Fingerprint)],
+) -> Vec<(&'a justonce_core::MessageId, Fingerprint)> {
+    let mut distinct = keys.to_vec();
+    // Stable: of two equal ids, the first stays first, and `dedup` keeps it.
+    distinct.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    distinct.dedup_by(|b, a| a.0 == b.0);
+    distinct
+}
+
 /// The answers of `claim_many` in the order of `keys`, from the ids the insert recorded
 /// and the fingerprints stored before for the others.
 pub(crate) fn many_answers(
@@ -315,16 +327,7 @@ macro_rules! impl_dedup_store {
                 let Some(many) = &self.sql.many else {
                     return justonce_core::claim_each(self, tx, consumer, keys).await;
                 };
-                // Each key once, in one order for every batch, so that two batches holding
-                // the same keys take their row locks in the same order.
-                let mut distinct: Vec<(&justonce_core::MessageId, justonce_core::Fingerprint)> = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                for (id, fp) in keys {
-                    if seen.insert(id.as_str()) {
-                        distinct.push((*id, *fp));
-                    }
-                }
-                distinct.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+                let distinct = $crate::common::lock_order(keys);
                 let mut inserted = std::collections::HashSet::new();
                 let mut stored = std::collections::HashMap::new();
                 if let [(id, fp)] = distinct[..] {

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres};
 use tracing::warn;
 
 use super::{connect, connect_with, create, MS};
-use crate::common::{impl_dedup_store, DedupSql, ManyOrder, ManySql};
+use crate::common::{impl_dedup_store, lock_order, DedupSql, ManyOrder, ManySql};
 
 /// The claim every connection of a non-partitioned store prepares (`begin_with_claim`).
 const FOLDED_CLAIM: &str = "justonce_claim";
@@ -356,15 +356,11 @@ impl PgStore {
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<Option<(PgTx, Vec<Claim>)>> {
-        // Sorted, as `claim_many` sorts: two batches holding the same keys lock them in the
-        // same order.
-        let mut sorted = keys.to_vec();
-        sorted.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
+        let sorted = lock_order(keys);
+        if sorted.len() != keys.len() {
             return Ok(None);
         }
-        let ids: Vec<&str> = sorted.iter().map(|k| k.0.as_str()).collect();
-        let fps: Vec<String> = sorted.iter().map(|k| k.1.to_hex()).collect();
+        let (ids, fps) = arrays(&sorted);
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(&self.plain_claims)
             .bind(consumer)
@@ -390,8 +386,7 @@ impl PgStore {
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<std::collections::HashSet<String>> {
-        let ids: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-        let fps: Vec<String> = keys.iter().map(|k| k.1.to_hex()).collect();
+        let (ids, fps) = arrays(keys);
         let skipped: Vec<String> = sqlx::query_scalar(&many.insert(keys.len()))
             .bind(consumer)
             .bind(ids)
@@ -414,6 +409,13 @@ impl_dedup_store!(
     PgStore, PgTx, "postgres", begin: begin(), purge: purge_partitions, begin_claimed: begin_with_claim,
     arrays: claim_arrays
 );
+
+/// The ids and the hex fingerprints of `keys`, as the two arrays the batch claims bind.
+fn arrays<'a>(keys: &[(&'a MessageId, Fingerprint)]) -> (Vec<&'a str>, Vec<String>) {
+    keys.iter()
+        .map(|(id, fp)| (id.as_str(), fp.to_hex()))
+        .unzip()
+}
 
 /// `s` as a PostgreSQL escape-string literal: `E'…'` with `\` and `'` doubled, which reads
 /// back as `s` whatever `standard_conforming_strings` says. PostgreSQL text holds no NUL
