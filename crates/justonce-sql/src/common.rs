@@ -20,10 +20,12 @@ pub(crate) struct DedupSql {
 }
 
 /// The statements of `claim_many` for a dedup table with a unique `(consumer, message_id)`
-/// (SQLite, PostgreSQL). Parameters are numbered (`$n`, which SQLite reads too), so the
-/// consumer is bound once: the insert takes the consumer, then the id and fingerprint of
-/// each row (or, as `Arrays`, the ids and the fingerprints as two arrays); the select takes
-/// the consumer, then the message ids.
+/// (SQLite, PostgreSQL). The insert takes, row by row, the consumer, the id and the
+/// fingerprint, as anonymous `?` (SQLite, the only store of plain multi-row inserts: it
+/// looks a numbered parameter's name up in a list on every bind, a cost that grows with the
+/// square of the row count); or, as `Arrays`, the consumer `$1`, then the ids and the
+/// fingerprints as two arrays. The select takes the consumer `$1`, then the message ids
+/// (numbered, which SQLite reads too).
 #[derive(Debug)]
 pub(crate) struct ManySql {
     pub(crate) table: String,
@@ -84,7 +86,8 @@ impl ManySql {
 
     /// The insert of `n` keys, as [`ManySql::order`] says: of the arrays `$2` (ids) and `$3`
     /// (fingerprints) for consumer `$1`, skipping the stored ones and answering their ids
-    /// (`n` is not used); or a plain insert of `n` rows that fails on a stored key.
+    /// (`n` is not used); or a plain insert of `n` rows of `(consumer, id, fingerprint)`
+    /// that fails on a stored key.
     fn build_insert(&self, n: usize) -> String {
         let (col, value) = &self.stamp;
         if self.order == ManyOrder::Arrays {
@@ -102,9 +105,7 @@ impl ManySql {
                 t = self.table
             );
         }
-        let rows: Vec<String> = (0..n)
-            .map(|k| format!("($1, ${}, ${}{value})", 2 * k + 2, 2 * k + 3))
-            .collect();
+        let rows: Vec<String> = (0..n).map(|_| format!("(?, ?, ?{value})")).collect();
         format!(
             "INSERT INTO {} (consumer, message_id, fingerprint{col}) VALUES {}",
             self.table,
@@ -138,7 +139,7 @@ pub(crate) fn lock_order<'a>(
 /// and the fingerprints stored before for the others.
 pub(crate) fn many_answers(
     keys: &[(&justonce_core::MessageId, Fingerprint)],
-    inserted: &std::collections::HashSet<String>,
+    inserted: &std::collections::HashSet<&str>,
     stored: &std::collections::HashMap<String, String>,
 ) -> justonce_core::Result<Vec<Claim>> {
     let mut record: std::collections::HashMap<&str, Fingerprint> = Default::default();
@@ -210,7 +211,7 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 
 /// `Store` and `DedupStore` for a struct with fields `pool` and `sql: Arc<DedupSql>`.
 /// `begin:` is the pool call that opens a transaction; `purge:` names an inherent method
-/// `(retention) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
+/// `(retention, batch) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
 /// leave it to the batched delete of `sql.purge`; `begin_claimed:` names an inherent method
 /// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims its own,
 /// cheaper way, or answers `None` to leave it to `begin` then `claim_many`; `arrays:` names
@@ -336,7 +337,7 @@ macro_rules! impl_dedup_store {
                     let key = justonce_core::DedupKey { consumer, message_id: id };
                     match self.claim(tx, key, fp).await? {
                         justonce_core::Claim::Fresh => {
-                            inserted.insert(id.as_str().to_owned());
+                            inserted.insert(id.as_str());
                         }
                         justonce_core::Claim::Duplicate => {
                             stored.insert(id.as_str().to_owned(), fp.to_hex());
@@ -353,7 +354,7 @@ macro_rules! impl_dedup_store {
                         if many.order == $crate::common::ManyOrder::Arrays {
                             let skipped = Self::$arrays(many, tx, consumer, chunk).await?;
                             inserted.extend(
-                                ids.iter().filter(|id| !skipped.contains(**id)).map(|id| id.to_string()),
+                                ids.iter().filter(|id| !skipped.contains(**id)).copied(),
                             );
                             let others: Vec<&str> = skipped.iter().map(String::as_str).collect();
                             stored.extend(Self::stored_many(many, tx, consumer, &others).await?);
@@ -364,13 +365,13 @@ macro_rules! impl_dedup_store {
                     let mut read = false;
                     loop {
                         let sql = many.insert(fresh.len());
-                        let mut q = sqlx::query(&sql).bind(consumer);
+                        let mut q = sqlx::query(&sql);
                         for (id, fp) in &fresh {
-                            q = q.bind(id.as_str()).bind(fp.to_hex());
+                            q = q.bind(consumer).bind(id.as_str()).bind(fp.to_hex());
                         }
                         match q.execute(&mut **tx).await {
                             Ok(_) => {
-                                inserted.extend(fresh.iter().map(|k| k.0.as_str().to_owned()));
+                                inserted.extend(fresh.iter().map(|k| k.0.as_str()));
                                 break;
                             }
                             // The failed statement was undone alone; once the stored keys
@@ -390,6 +391,10 @@ macro_rules! impl_dedup_store {
                         }
                     }
                 }
+                if stored.is_empty() && inserted.len() == keys.len() {
+                    // Every key new and none twice (nearly every batch).
+                    return Ok(vec![justonce_core::Claim::Fresh; keys.len()]);
+                }
                 $crate::common::many_answers(keys, &inserted, &stored)
             }
 
@@ -408,7 +413,7 @@ macro_rules! impl_dedup_store {
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {
                 $(
-                    if let Some(n) = self.$purge(retention).await? {
+                    if let Some(n) = self.$purge(retention, batch).await? {
                         return Ok(n);
                     }
                 )?

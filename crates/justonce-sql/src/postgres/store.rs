@@ -397,7 +397,7 @@ impl PgStore {
     }
 
     /// The purge of a partitioned table; `None` (batched delete) otherwise.
-    async fn purge_partitions(&self, retention: Duration) -> Result<Option<u64>> {
+    async fn purge_partitions(&self, retention: Duration, _batch: u32) -> Result<Option<u64>> {
         if !self.partitioned {
             return Ok(None);
         }

@@ -268,3 +268,120 @@ async fn the_version_guard_tells_stale_from_ahead() {
         ErrorKind::InvalidInput
     );
 }
+
+/// The purge sweeps the keys window by window: it deletes exactly the records older than
+/// the retention, at most `batch` per call, each call going on where the last stopped. A
+/// finished pass is not read again before the oldest record it left is due; a store opened
+/// afresh starts a pass of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_sweeps_old_records_window_by_window() {
+    use justonce_core::{DedupStore, Fingerprint, MessageId};
+    const DAY_MS: i64 = 86_400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let u = url(&dir, "s.db");
+    let store = SqliteStore::open(&u).await.unwrap();
+    let ids: Vec<MessageId> = (0..120)
+        .map(|i| MessageId::new(format!("m-{i:03}")).unwrap())
+        .collect();
+    for consumer in ["a", "b"] {
+        let keys: Vec<_> = ids.iter().map(|id| (id, Fingerprint::of(b"p"))).collect();
+        let (tx, claims) = store.begin_claimed(consumer, &keys).await.unwrap();
+        assert!(claims.iter().all(|c| *c == justonce_core::Claim::Fresh));
+        sqlx::Transaction::commit(tx).await.unwrap();
+    }
+    let count = |sql: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    // Every third key of each consumer, and all of b's last ten, are two days old.
+    sqlx::query(
+        "UPDATE jo_dedup SET processed_at = processed_at - ?
+         WHERE CAST(substr(message_id, 3) AS INTEGER) % 3 = 0
+            OR (consumer = 'b' AND message_id >= 'm-110')",
+    )
+    .bind(2 * DAY_MS)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let old = count(
+        "SELECT COUNT(*) FROM jo_dedup
+         WHERE processed_at < CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) - 86400000",
+    )
+    .await;
+    assert_eq!(old, 40 + 40 + 7, "the keys made old");
+
+    let day = Duration::from_secs(86_400);
+    let (mut purged, mut calls) = (0, 0);
+    loop {
+        let n = store.purge(day, 7).await.unwrap();
+        assert!(n <= 7, "a call deletes at most its batch ({n})");
+        purged += n as i64;
+        calls += 1;
+        if n < 7 {
+            break;
+        }
+    }
+    assert_eq!(purged, old, "every old record, and only those");
+    assert!(calls >= 12, "batch by batch ({calls} calls)");
+    assert_eq!(count("SELECT COUNT(*) FROM jo_dedup").await, 240 - old);
+
+    // Made old now, they would not have been found by a pass that just ended: this store
+    // waits for its horizon, a new one sweeps at once.
+    sqlx::query("UPDATE jo_dedup SET processed_at = processed_at - ? WHERE consumer = 'a'")
+        .bind(2 * DAY_MS)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(store.purge(day, 1000).await.unwrap(), 0);
+    let fresh = SqliteStore::open(&u).await.unwrap();
+    assert_eq!(fresh.purge(day, 1000).await.unwrap(), 120 - 40);
+    assert_eq!(
+        fresh.purge(Duration::from_secs(3600), 1000).await.unwrap(),
+        0,
+        "recent records stay"
+    );
+    assert_eq!(count("SELECT COUNT(*) FROM jo_dedup").await, 120 - 47);
+}
+
+/// A dedup table of an earlier version had an index on `processed_at`, which every batch
+/// paid for and nothing reads now: opening the store drops it and keeps the records.
+#[tokio::test]
+async fn an_earlier_dedup_table_loses_its_time_index_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let u = url(&dir, "s.db");
+    {
+        use sqlx::Connection as _;
+        let mut c = sqlx::SqliteConnection::connect(&format!("{u}?mode=rwc"))
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE jo_dedup (consumer TEXT NOT NULL, message_id TEXT NOT NULL,
+                 fingerprint TEXT NOT NULL, processed_at INTEGER NOT NULL,
+                 PRIMARY KEY (consumer, message_id)) WITHOUT ROWID;
+             CREATE INDEX jo_dedup_processed_at ON jo_dedup (processed_at);
+             INSERT INTO jo_dedup VALUES ('c', 'm-1', 'f', 0);",
+        )
+        .execute(&mut c)
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+    }
+    let store = SqliteStore::open(&u).await.unwrap();
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = 'jo_dedup_processed_at'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(indexes, 0);
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jo_dedup")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(records, 1);
+}
