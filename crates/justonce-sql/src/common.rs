@@ -8,7 +8,8 @@ use justonce_core::{Claim, Fingerprint};
 /// - `lock` (optional, run before `claim` in the same transaction): consumer, message id;
 /// - `claim`: consumer, message id, fingerprint (the time comes from the database clock);
 /// - `fingerprint`: consumer, message id;
-/// - `purge`: retention in milliseconds, batch size.
+/// - `purge`: retention in milliseconds, batch size (empty for a store whose `purge:` hook
+///   always purges its own way: SQLite's sweep, PostgreSQL's partitions).
 #[derive(Debug)]
 pub(crate) struct DedupSql {
     pub(crate) lock: Option<String>,

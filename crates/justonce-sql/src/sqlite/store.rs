@@ -66,22 +66,38 @@ impl Default for SqliteStoreOptions {
 pub struct SqliteStore {
     pool: SqlitePool,
     sql: Arc<DedupSql>,
-    sweep: Arc<Mutex<Sweep>>,
-    /// The sweep's read of one window: `(after, batch)`.
-    sweep_read: Arc<str>,
+    sweep: Arc<Sweeper>,
 }
 
-/// Where the purge's pass over the dedup table's keys is.
+/// The purge's statements, and where its pass over the dedup table's keys is.
+#[derive(Debug)]
+struct Sweeper {
+    /// The store's clock, in ms.
+    now: String,
+    /// One window: `(after consumer, after id, batch)`.
+    read: String,
+    /// The expired records of one window: `(after consumer, after id, last consumer, last
+    /// id, cutoff, batch)`.
+    delete: String,
+    state: Mutex<SweepState>,
+}
+
 #[derive(Debug, Default)]
-struct Sweep {
-    /// The last key the pass has looked at; `None` between passes.
-    after: Option<(String, String)>,
-    /// The store's clock when the pass began: every key it did not see is younger.
-    began: i64,
-    /// The oldest `processed_at` the pass has kept so far.
-    oldest_kept: Option<i64>,
+struct SweepState {
+    /// The pass under way; `None` between passes.
+    pass: Option<Pass>,
     /// What the last finished pass left: no record is older than this (ms, store clock).
     horizon: Option<i64>,
+}
+
+#[derive(Debug)]
+struct Pass {
+    /// The last key the pass has looked at (`("", "")` before the first: ids are never
+    /// empty).
+    after: (String, String),
+    /// The oldest `processed_at` the pass has kept, or the store's clock when it began if
+    /// older: every key it did not see is younger than that.
+    oldest_kept: i64,
 }
 
 /// A pass waits until the oldest record it may find is this fraction of the retention
@@ -109,13 +125,8 @@ impl SqliteStore {
             fingerprint: format!(
                 "SELECT fingerprint FROM {table} WHERE consumer = ? AND message_id = ?"
             ),
-            // The sweep's delete of one window: `(after, last, cutoff, batch)`.
-            purge: format!(
-                "DELETE FROM {table} WHERE (consumer, message_id) IN (
-                     SELECT consumer, message_id FROM {table}
-                     WHERE (consumer, message_id) > (?1, ?2) AND (consumer, message_id) <= (?3, ?4)
-                       AND processed_at < ?5 LIMIT ?6)"
-            ),
+            // `SqliteStore::sweep` purges.
+            purge: String::new(),
             many: Some(ManySql::new(
                 table,
                 (", processed_at", format!(", {NOW_MS}")),
@@ -125,12 +136,20 @@ impl SqliteStore {
         Ok(SqliteStore {
             pool,
             sql: Arc::new(sql),
-            sweep: Arc::default(),
-            sweep_read: format!(
-                "SELECT consumer, message_id, processed_at FROM {table}
-                 WHERE (consumer, message_id) > (?, ?) ORDER BY consumer, message_id LIMIT ?"
-            )
-            .into(),
+            sweep: Arc::new(Sweeper {
+                now: format!("SELECT {NOW_MS}"),
+                read: format!(
+                    "SELECT consumer, message_id, processed_at FROM {table}
+                     WHERE (consumer, message_id) > (?, ?) ORDER BY consumer, message_id LIMIT ?"
+                ),
+                delete: format!(
+                    "DELETE FROM {table} WHERE (consumer, message_id) IN (
+                         SELECT consumer, message_id FROM {table}
+                         WHERE (consumer, message_id) > (?, ?) AND (consumer, message_id) <= (?, ?)
+                           AND processed_at < ? LIMIT ?)"
+                ),
+                state: Mutex::default(),
+            }),
         })
     }
 
@@ -143,63 +162,66 @@ impl SqliteStore {
     /// an eighth of the retention past its expiry, so a table with nothing to purge is read
     /// once per eighth of the retention, not once per purge interval.
     async fn sweep(&self, retention: Duration, batch: u32) -> Result<Option<u64>> {
+        let sweeper = &self.sweep;
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+        let now: i64 = sqlx::query_scalar(&sweeper.now)
             .fetch_one(&self.pool)
             .await?;
         let cutoff = now.saturating_sub(retention_ms);
-        let mut sweep = self.sweep.lock().await;
-        if sweep.after.is_none() {
-            let due = sweep
-                .horizon
-                .map(|h| h.saturating_add(retention_ms / SLACK_DIVISOR));
-            if due.is_some_and(|due| cutoff <= due) {
-                return Ok(Some(0));
+        let mut state = sweeper.state.lock().await;
+        let SweepState { pass, horizon } = &mut *state;
+        let pass = match pass {
+            Some(pass) => pass,
+            None => {
+                let slack = retention_ms / SLACK_DIVISOR;
+                if horizon.is_some_and(|h| cutoff <= h.saturating_add(slack)) {
+                    return Ok(Some(0));
+                }
+                pass.insert(Pass {
+                    after: (String::new(), String::new()),
+                    oldest_kept: now,
+                })
             }
-            *sweep = Sweep {
-                after: Some((String::new(), String::new())),
-                began: now,
-                oldest_kept: None,
-                horizon: sweep.horizon,
-            };
-        }
-        let mut deleted = 0u64;
-        while deleted < u64::from(batch) {
+        };
+        let (mut deleted, mut finished) = (0u64, false);
+        while deleted < u64::from(batch) && !finished {
             let want = u64::from(batch) - deleted;
-            let (c, m) = sweep.after.clone().unwrap_or_default();
-            let rows: Vec<(String, String, i64)> = sqlx::query_as(&self.sweep_read)
-                .bind(&c)
-                .bind(&m)
+            let (c, m) = &pass.after;
+            let rows: Vec<(String, String, i64)> = sqlx::query_as(&sweeper.read)
+                .bind(c)
+                .bind(m)
                 .bind(want as i64)
                 .fetch_all(&self.pool)
                 .await?;
-            let expired = rows.iter().any(|r| r.2 < cutoff);
-            let kept = rows.iter().map(|r| r.2).filter(|&at| at >= cutoff).min();
-            if let Some(k) = kept {
-                sweep.oldest_kept = Some(sweep.oldest_kept.map_or(k, |o| o.min(k)));
+            let mut expired = false;
+            for &(_, _, at) in &rows {
+                if at < cutoff {
+                    expired = true;
+                } else {
+                    pass.oldest_kept = pass.oldest_kept.min(at);
+                }
             }
-            let end = (rows.len() as u64) < want;
-            if let (true, Some((lc, lm, _))) = (expired, rows.last()) {
-                deleted += sqlx::query(&self.sql.purge)
-                    .bind(&c)
-                    .bind(&m)
-                    .bind(lc)
-                    .bind(lm)
+            finished = (rows.len() as u64) < want; // the end of the table
+            let Some((lc, lm, _)) = rows.into_iter().last() else {
+                break;
+            };
+            if expired {
+                deleted += sqlx::query(&sweeper.delete)
+                    .bind(c)
+                    .bind(m)
+                    .bind(&lc)
+                    .bind(&lm)
                     .bind(cutoff)
                     .bind(want as i64)
                     .execute(&self.pool)
                     .await?
                     .rows_affected();
             }
-            match rows.into_iter().last() {
-                Some((lc, lm, _)) if !end => sweep.after = Some((lc, lm)),
-                _ => {
-                    let began = sweep.began;
-                    sweep.horizon = Some(sweep.oldest_kept.map_or(began, |o| o.min(began)));
-                    sweep.after = None;
-                    break;
-                }
-            }
+            pass.after = (lc, lm);
+        }
+        if finished {
+            *horizon = Some(pass.oldest_kept);
+            state.pass = None;
         }
         Ok(Some(deleted))
     }
