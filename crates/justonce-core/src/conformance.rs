@@ -375,6 +375,39 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
         Claim::Duplicate,
         "begin_claimed recorded the id exactly as claim reads it"
     );
+    // `begin_claiming` hashes the payloads itself (while its transaction begins, or
+    // before a claim folded into the `BEGIN`): the same answers, for a batch and for one
+    // message, and the fingerprints of the payloads recorded.
+    let m13 = id(&format!("{ns}-m13"));
+    let (same, other) = (Message::new("payload"), Message::new("another payload"));
+    let (tx, answers) = store
+        .begin_claiming(consumer, &[(&m8, &other), (&m13, &same), (&m1, &same)])
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Claim::Conflict { stored: fp },
+            Claim::Fresh,
+            Claim::Duplicate
+        ],
+        "begin_claiming answers a batch as begin_claimed does"
+    );
+    assert_eq!(
+        claim_and_roll_back(store, consumer, &m13, fp).await,
+        Claim::Duplicate,
+        "begin_claiming recorded the payload's fingerprint"
+    );
+    let m14 = id(&format!("{ns}-m14"));
+    for (m, want) in [(&m14, Claim::Fresh), (&m13, Claim::Conflict { stored: fp })] {
+        let (tx, answers) = store
+            .begin_claiming(consumer, &[(m, &other)])
+            .await
+            .unwrap();
+        store.rollback(tx).await.unwrap();
+        assert_eq!(answers, vec![want], "begin_claiming of one message");
+    }
 }
 
 /// `begin_claimed` of `keys`, then its transaction committed or rolled back: the answers.

@@ -40,8 +40,8 @@ pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{
-    begin_then_claim, claim_each, validate_identifier, Claim, ClaimState, ClaimStore, DedupKey,
-    DedupStore, Finish, Store,
+    begin_then_claim, begin_while_hashing, claim_each, hash_then_begin_claimed,
+    validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,
 };
 pub use transport::{Publisher, Source, TransactionalAck};
 pub use url::redact_url;

@@ -410,6 +410,14 @@ macro_rules! impl_dedup_store {
                         None => justonce_core::begin_then_claim(self, consumer, keys).await,
                     }
                 }
+
+                async fn begin_claiming(
+                    &self,
+                    consumer: &str,
+                    messages: &[(&justonce_core::MessageId, &justonce_core::Message)],
+                ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
+                    justonce_core::hash_then_begin_claimed(self, consumer, messages).await
+                }
             )?
 
             async fn purge(&self, retention: std::time::Duration, batch: u32) -> justonce_core::Result<u64> {

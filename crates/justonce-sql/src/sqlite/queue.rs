@@ -118,7 +118,7 @@ impl SqliteQueue {
         if queue.is_empty() {
             return Err(Error::config("queue name is empty"));
         }
-        let pool = connect(url, opts.durable, opts.max_connections).await?;
+        let pool = connect(url, opts.durable, opts.max_connections, true).await?;
         sqlx::raw_sql(SCHEMA).execute(&pool).await?;
         sqlx::query("INSERT INTO jo_queue_stats (queue) VALUES (?) ON CONFLICT (queue) DO NOTHING")
             .bind(queue)

@@ -40,6 +40,41 @@ async fn sqlite_store_keeps_the_dedup_contract() {
     conformance::dedup_store(Arc::new(store), "sqlite").await;
 }
 
+/// The queue's receive rewrites a whole batch in one statement: its statement journal
+/// stays in memory (`temp_store = MEMORY`, 2) instead of a file made and deleted per batch.
+/// The store's connections run the application's queries and keep SQLite's default (0).
+#[tokio::test]
+async fn the_queue_keeps_its_statement_journals_in_memory_and_the_store_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue(&dir, Duration::from_secs(30)).await;
+    let batch: Vec<Message> = (0..100)
+        .map(|i| {
+            Message::new(vec![b'x'; 1000])
+                .with_id(format!("m{i}"))
+                .unwrap()
+        })
+        .collect();
+    q.publish_batch(&batch).await.unwrap();
+    let got = q.receive(100, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 100);
+    let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+    q.ack(&receipts).await.unwrap();
+    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    for (pool, want, what) in [(q.pool(), 2, "queue"), (store.pool(), 0, "store")] {
+        // Every connection of the pool, held at once.
+        let mut held = Vec::new();
+        for _ in 0..pool.options().get_max_connections() {
+            let mut c = pool.acquire().await.unwrap();
+            let temp: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap();
+            assert_eq!(temp, want, "temp_store of a {what} connection");
+            held.push(c);
+        }
+    }
+}
+
 #[tokio::test]
 async fn queues_sharing_a_file_stay_apart_and_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use justonce_core::{
     Claim, ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition,
-    Error, ErrorKind, ExponentialBackoff, Fingerprint, Finish, MessageId, Receipt, Result,
+    Error, ErrorKind, ExponentialBackoff, Fingerprint, Finish, Message, MessageId, Receipt, Result,
     Semantics, Source, TransactionalAck,
 };
 use tokio::sync::watch;
@@ -776,19 +776,19 @@ where
     }
 
     /// Begins the batch's transaction with its dedup keys claimed in it (one
-    /// `DedupStore::begin_claimed` call): one answer per pending message with an id.
+    /// `DedupStore::begin_claiming` call): one answer per pending message with an id.
     async fn begin_claimed(
         &self,
         batch: &[Delivery],
         slots: &[Slot],
     ) -> Result<(S::Tx, Vec<Claim>)> {
-        let keys: Vec<(&MessageId, Fingerprint)> = batch
+        let keys: Vec<(&MessageId, &Message)> = batch
             .iter()
             .zip(slots)
             .filter(|(_, s)| matches!(s.settle, Settle::Pending))
-            .filter_map(|(d, s)| Some((s.id.as_ref()?, d.message.fingerprint())))
+            .filter_map(|(d, s)| Some((s.id.as_ref()?, &d.message)))
             .collect();
-        let (tx, answers) = self.store.begin_claimed(&self.opts.name, &keys).await?;
+        let (tx, answers) = self.store.begin_claiming(&self.opts.name, &keys).await?;
         if answers.len() != keys.len() {
             return Err(Error::new(
                 ErrorKind::Handler,
