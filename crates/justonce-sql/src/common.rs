@@ -215,7 +215,10 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 /// `(retention, batch) -> Result<Option<u64>>` that purges in its own way, or answers `None` to
 /// leave it to the batched delete of `sql.purge`; `begin_claimed:` names an inherent method
 /// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims its own,
-/// cheaper way, or answers `None` to leave it to `begin` then `claim_many`; `arrays:` names
+/// cheaper way, or answers `None` to leave it to `begin` then `claim_many` (with it, an
+/// inherent `claims_batches_with_begin(&self) -> bool` says whether that way takes batches
+/// too: `begin_claiming` then hashes a batch before its `BEGIN`, not while it waits on it);
+/// `arrays:` names
 /// an associated fn `(many, tx, consumer, keys) -> Result<HashSet<String>>` that runs the
 /// [`ManyOrder::Arrays`] insert and answers the ids it skipped (a store whose `ManySql` is
 /// `Arrays` must name it).
@@ -416,7 +419,11 @@ macro_rules! impl_dedup_store {
                     consumer: &str,
                     messages: &[(&justonce_core::MessageId, &justonce_core::Message)],
                 ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
-                    justonce_core::hash_then_begin_claimed(self, consumer, messages).await
+                    if messages.len() == 1 || self.claims_batches_with_begin() {
+                        justonce_core::hash_then_begin_claimed(self, consumer, messages).await
+                    } else {
+                        justonce_core::begin_while_hashing(self, consumer, messages).await
+                    }
                 }
             )?
 

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::{validate_identifier, Result};
+use justonce_core::{validate_identifier, Claim, Fingerprint, MessageId, Result};
 use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::Mutex;
 
@@ -67,6 +67,9 @@ pub struct SqliteStore {
     pool: SqlitePool,
     sql: Arc<DedupSql>,
     sweep: Arc<Sweeper>,
+    /// `INSERT OR ROLLBACK INTO {table} (…) VALUES`: the claim that rides on `BEGIN
+    /// IMMEDIATE` (`SqliteStore::begin_with_claim`).
+    fold: Arc<str>,
 }
 
 /// The purge's statements, and where its pass over the dedup table's keys is.
@@ -135,6 +138,10 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             pool,
+            fold: format!(
+                "INSERT OR ROLLBACK INTO {table} (consumer, message_id, fingerprint, processed_at) VALUES"
+            )
+            .into(),
             sql: Arc::new(sql),
             sweep: Arc::new(Sweeper {
                 now: format!("SELECT {NOW_MS}"),
@@ -226,12 +233,58 @@ impl SqliteStore {
         Ok(Some(deleted))
     }
 
+    /// An unbatched consumer's claim rides on its `BEGIN IMMEDIATE`: one `sqlite3_exec` of
+    /// `BEGIN IMMEDIATE; INSERT OR ROLLBACK …`, which saves the claim's round trip to the
+    /// connection's thread. A stored key breaks the insert, and `OR ROLLBACK` rolls the
+    /// whole transaction back with it, so the connection is out of any transaction when the
+    /// begin fails, as sqlx expects; the claim then goes the usual way, which tells a
+    /// duplicate from a conflict. The statement is parsed each time, which a prepared one
+    /// would not be: cheap for one row, dearer than the round trip for a batch (0.46 ms
+    /// against 0.20 for 100 rows), so batches are left to `claim_many`. The values are
+    /// literals; an id holding a NUL, which SQL text cannot carry, goes the usual way too.
+    async fn begin_with_claim(
+        &self,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Option<(SqliteTx, Vec<Claim>)>> {
+        let [(id, fp)] = keys else {
+            return Ok(None);
+        };
+        if consumer.contains('\0') || id.as_str().contains('\0') {
+            return Ok(None);
+        }
+        let sql = format!(
+            "BEGIN IMMEDIATE; {} ({}, {}, '{}', {NOW_MS})",
+            self.fold,
+            literal(consumer),
+            literal(id.as_str()),
+            fp.to_hex()
+        );
+        match self.pool.begin_with(sql).await {
+            Ok(tx) => Ok(Some((tx, vec![Claim::Fresh]))),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `begin_with_claim` takes single keys only: a batch is hashed while its `BEGIN` waits.
+    fn claims_batches_with_begin(&self) -> bool {
+        false
+    }
+
     /// The pool: create your business tables and read results through it.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 }
 
+/// `s` as an SQLite string literal: quotes doubled, nothing else escaped (SQLite has no
+/// backslash escapes).
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
 impl_dedup_store!(
-    SqliteStore, SqliteTx, "sqlite", begin: begin_with("BEGIN IMMEDIATE"), purge: sweep
+    SqliteStore, SqliteTx, "sqlite", begin: begin_with("BEGIN IMMEDIATE"), purge: sweep,
+    begin_claimed: begin_with_claim
 );

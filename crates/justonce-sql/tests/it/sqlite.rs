@@ -304,6 +304,48 @@ async fn the_version_guard_tells_stale_from_ahead() {
     );
 }
 
+/// A single key's claim rides on `BEGIN IMMEDIATE` (`INSERT OR ROLLBACK`): a stored key
+/// rolls that transaction back whole, so the one connection of the pool is free for the
+/// next begin, and the claim answers as usual. An id with a quote and one with a NUL
+/// (which SQL text cannot carry) are recorded as given.
+#[tokio::test]
+async fn a_claim_on_begin_leaves_no_transaction_behind_when_the_key_is_stored() {
+    use justonce_core::{Claim, DedupStore, Fingerprint, MessageId, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = justonce_sql::SqliteStoreOptions::default();
+    opts.max_connections = 1;
+    let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
+        .await
+        .unwrap();
+    let (fp, other) = (Fingerprint::of(b"p"), Fingerprint::of(b"q"));
+    for raw in ["plain", "it's", "nul\0inside"] {
+        let id = MessageId::new(raw).unwrap();
+        let (tx, claims) = store.begin_claimed("c", &[(&id, fp)]).await.unwrap();
+        assert_eq!(claims, vec![Claim::Fresh], "{raw:?}: new");
+        store.commit(tx).await.unwrap();
+        for (f, want) in [
+            (fp, Claim::Duplicate),
+            (other, Claim::Conflict { stored: fp }),
+        ] {
+            let (tx, claims) = store.begin_claimed("c", &[(&id, f)]).await.unwrap();
+            assert_eq!(claims, vec![want], "{raw:?}: stored");
+            store.rollback(tx).await.unwrap();
+        }
+        let stored: String =
+            sqlx::query_scalar("SELECT message_id FROM jo_dedup WHERE message_id = ?")
+                .bind(raw)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(stored, raw);
+    }
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM jo_dedup")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(open, 3);
+}
+
 /// The purge sweeps the keys window by window: it deletes exactly the records older than
 /// the retention, at most `batch` per call, each call going on where the last stopped. A
 /// finished pass is not read again before the oldest record it left is due; a store opened
