@@ -124,6 +124,19 @@ impl ManySql {
     }
 }
 
+/// The answer of a `BEGIN` that carried a single key's claim: the transaction with the key
+/// fresh, or `None` when the key was stored (the begin failed on it, leaving no
+/// transaction; the claim then goes the usual way, which tells a duplicate from a conflict).
+pub(crate) fn claimed_on_begin<T>(
+    begun: std::result::Result<T, sqlx::Error>,
+) -> justonce_core::Result<Option<(T, Vec<Claim>)>> {
+    match begun {
+        Ok(tx) => Ok(Some((tx, vec![Claim::Fresh]))),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Each key once (its first occurrence), sorted by id: every claim of a batch takes its row
 /// locks in this order, so two batches holding the same keys cannot deadlock on them.
 pub(crate) fn lock_order<'a>(

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Postgres};
 use tracing::warn;
 
 use super::{connect, connect_with, create, MS};
-use crate::common::{impl_dedup_store, lock_order, DedupSql, ManyOrder, ManySql};
+use crate::common::{claimed_on_begin, impl_dedup_store, lock_order, DedupSql, ManyOrder, ManySql};
 
 /// The claim every connection of a non-partitioned store prepares (`begin_with_claim`).
 const FOLDED_CLAIM: &str = "justonce_claim";
@@ -332,17 +332,16 @@ impl PgStore {
             literal(id.as_str()),
             fp.to_hex()
         );
-        match self.pool.begin_with(sql).await {
-            Ok(tx) => Ok(Some((tx, vec![Claim::Fresh]))),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
-            // The session lost its prepared statements (`DISCARD ALL`, a pooler's reset):
-            // this connection claims the usual way from now on.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("26000") => {
+        let begun = self.pool.begin_with(sql).await;
+        // The session lost its prepared statements (`DISCARD ALL`, a pooler's reset): this
+        // connection claims the usual way from now on.
+        if let Err(sqlx::Error::Database(e)) = &begun {
+            if e.code().as_deref() == Some("26000") {
                 tracing::debug!(table = %self.table, "no prepared claim on this connection: {e}");
-                Ok(None)
+                return Ok(None);
             }
-            Err(e) => Err(e.into()),
         }
+        claimed_on_begin(begun)
     }
 
     /// `begin_with_claim` takes batches too (a plain insert after `BEGIN`, which needs the

@@ -6,7 +6,7 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::Mutex;
 
 use super::{connect, NOW_MS};
-use crate::common::{impl_dedup_store, DedupSql, ManyOrder, ManySql};
+use crate::common::{claimed_on_begin, impl_dedup_store, DedupSql, ManyOrder, ManySql};
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -260,11 +260,7 @@ impl SqliteStore {
             literal(id.as_str()),
             fp.to_hex()
         );
-        match self.pool.begin_with(sql).await {
-            Ok(tx) => Ok(Some((tx, vec![Claim::Fresh]))),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        claimed_on_begin(self.pool.begin_with(sql).await)
     }
 
     /// `begin_with_claim` takes single keys only: a batch is hashed while its `BEGIN` waits.
