@@ -380,13 +380,12 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
     // message, and the fingerprints of the payloads recorded.
     let m13 = id(&format!("{ns}-m13"));
     let (same, other) = (Message::new("payload"), Message::new("another payload"));
-    let (tx, answers) = store
+    let begun = store
         .begin_claiming(consumer, &[(&m8, &other), (&m13, &same), (&m1, &same)])
         .await
         .unwrap();
-    store.commit(tx).await.unwrap();
     assert_eq!(
-        answers,
+        end(store, begun, true).await,
         vec![
             Claim::Conflict { stored: fp },
             Claim::Fresh,
@@ -401,12 +400,15 @@ async fn dedup_begin_claimed<S: DedupStore>(store: &S, consumer: &str, ns: &str)
     );
     let m14 = id(&format!("{ns}-m14"));
     for (m, want) in [(&m14, Claim::Fresh), (&m13, Claim::Conflict { stored: fp })] {
-        let (tx, answers) = store
+        let begun = store
             .begin_claiming(consumer, &[(m, &other)])
             .await
             .unwrap();
-        store.rollback(tx).await.unwrap();
-        assert_eq!(answers, vec![want], "begin_claiming of one message");
+        assert_eq!(
+            end(store, begun, false).await,
+            vec![want],
+            "begin_claiming of one message"
+        );
     }
 }
 
@@ -417,7 +419,16 @@ async fn begin_claimed_then<S: DedupStore>(
     keys: Vec<(&MessageId, Fingerprint)>,
     commit: bool,
 ) -> Vec<Claim> {
-    let (tx, answers) = store.begin_claimed(consumer, &keys).await.unwrap();
+    let begun = store.begin_claimed(consumer, &keys).await.unwrap();
+    end(store, begun, commit).await
+}
+
+/// A begun transaction committed or rolled back: its claims' answers.
+async fn end<S: DedupStore>(
+    store: &S,
+    (tx, answers): (S::Tx, Vec<Claim>),
+    commit: bool,
+) -> Vec<Claim> {
     if commit {
         store.commit(tx).await.unwrap();
     } else {

@@ -250,7 +250,7 @@ pub async fn begin_while_hashing<S: DedupStore + ?Sized>(
 ) -> Result<(S::Tx, Vec<Claim>)> {
     let begin = store.begin();
     tokio::pin!(begin);
-    let first = poll_once(begin.as_mut()).await;
+    let first = futures_lite::future::poll_once(begin.as_mut()).await;
     let keys = fingerprints(messages);
     let mut tx = match first {
         Some(tx) => tx?,
@@ -268,18 +268,6 @@ pub async fn hash_then_begin_claimed<S: DedupStore + ?Sized>(
     messages: &[(&MessageId, &Message)],
 ) -> Result<(S::Tx, Vec<Claim>)> {
     store.begin_claimed(consumer, &fingerprints(messages)).await
-}
-
-/// Polls `fut` once: its output if it is ready at once, else `None` (it has started).
-async fn poll_once<F: std::future::Future + Unpin>(fut: F) -> Option<F::Output> {
-    let mut fut = fut;
-    std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(match std::pin::Pin::new(&mut fut).poll(cx) {
-            std::task::Poll::Ready(out) => Some(out),
-            std::task::Poll::Pending => None,
-        })
-    })
-    .await
 }
 
 /// [`DedupStore::begin_claimed`] in two steps, [`Store::begin`] then
