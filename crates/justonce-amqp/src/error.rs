@@ -13,7 +13,7 @@ pub(crate) fn amqp(context: impl std::fmt::Display, e: lapin::Error) -> Error {
         | lapin::ErrorKind::ChannelsLimitReached => ErrorKind::Closed,
         _ => ErrorKind::Database,
     };
-    Error::with_source(kind, format!("{context}: {e}"), e)
+    Error::with_source(kind, context.to_string(), e)
 }
 
 /// Connecting failed: say where, without the password.
@@ -25,7 +25,7 @@ pub(crate) fn connect(url: &str, e: lapin::Error) -> Error {
     };
     Error::with_source(
         kind,
-        format!("cannot connect to RabbitMQ at {}: {e}", redact_url(url)),
+        format!("cannot connect to RabbitMQ at {}", redact_url(url)),
         e,
     )
 }

@@ -24,7 +24,7 @@ mod publisher;
 mod source;
 mod topology;
 
-pub use options::{AmqpOptions, QueueType};
+pub use options::{AmqpOptions, Binding, DeadLetters, Declare, ExchangeType, QueueType};
 pub use publisher::AmqpPublisher;
 pub use source::{AmqpSource, ATTEMPTS_HEADER};
 pub use topology::declare;

@@ -19,11 +19,14 @@ pub(crate) async fn open(url: &str, opts: &AmqpOptions) -> Result<(Connection, C
     let conn = Connection::connect(url, ConnectionProperties::default())
         .await
         .map_err(|e| connect(url, e))?;
+    if let Err(e) = topology::declare(&conn, opts).await {
+        close_quietly(&conn, 200, "justonce: topology refused").await;
+        return Err(e);
+    }
     let channel = conn
         .create_channel()
         .await
         .map_err(|e| amqp("opening a channel", e))?;
-    topology::declare(&channel, opts).await?;
     Ok((conn, channel))
 }
 
@@ -130,12 +133,7 @@ impl AmqpPublisher {
     /// that must not consume (the lab).
     pub async fn backlog(&self) -> Result<u64> {
         let mut n = 0;
-        for queue in self
-            .opts
-            .queues()
-            .into_iter()
-            .filter(|q| *q != self.opts.dead_letter_queue())
-        {
+        for queue in self.opts.waiting_queues() {
             n += u64::from(self.ready(&queue).await?);
         }
         Ok(n)
@@ -143,15 +141,18 @@ impl AmqpPublisher {
 
     /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
     pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
+        let Some(q) = self.opts.dead_letter_queue() else {
+            let (exchange, key) = self.opts.dead_letter_target();
+            return Err(Error::config(format!(
+                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
+                 a queue of justonce's: read them where that exchange routes them"
+            )));
+        };
         let channel = self.channel().await?;
         let mut out = Vec::new();
-        let q = self.opts.dead_letter_queue();
         loop {
             let got = channel
-                .basic_get(
-                    q.as_str().into(),
-                    lapin::options::BasicGetOptions::default(),
-                )
+                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
                 .await
                 .map_err(|e| amqp("reading the dead-letter queue", e))?;
             let Some(got) = got else { break };
@@ -176,12 +177,13 @@ impl AmqpPublisher {
                 .await
                 .map_err(|e| amqp(format!("deleting queue {q}"), e))?;
         }
-        for x in [self.opts.exchange(), self.opts.dead_letter_exchange()] {
+        let mut exchanges: Vec<&str> = self.opts.own_exchange().into_iter().collect();
+        if let crate::DeadLetters::Declare { exchange, .. } = &self.opts.dead_letters {
+            exchanges.push(exchange);
+        }
+        for x in exchanges {
             channel
-                .exchange_delete(
-                    x.as_str().into(),
-                    lapin::options::ExchangeDeleteOptions::default(),
-                )
+                .exchange_delete(x.into(), lapin::options::ExchangeDeleteOptions::default())
                 .await
                 .map_err(|e| amqp(format!("deleting exchange {x}"), e))?;
         }
@@ -213,10 +215,10 @@ impl AmqpPublisher {
     /// it. The demo and lab use it to make a real duplicate: the same id published again.
     pub async fn publish_without_confirm(&self, message: &Message) -> Result<()> {
         let ch = self.channel().await?;
-        let ex = self.opts.exchange();
+        let (exchange, key) = self.opts.publish_target();
         ch.basic_publish(
-            ex.as_str().into(),
-            self.opts.queue.as_str().into(),
+            exchange.into(),
+            key.into(),
             BasicPublishOptions {
                 mandatory: true,
                 ..BasicPublishOptions::default()
@@ -348,7 +350,7 @@ impl Publisher for AmqpPublisher {
             .iter()
             .map(|m| (m.payload(), properties(m, &[])))
             .collect();
-        self.send(&self.opts.exchange(), &self.opts.queue, &items)
-            .await
+        let (exchange, key) = self.opts.publish_target();
+        self.send(exchange, key, &items).await
     }
 }

@@ -57,6 +57,10 @@ struct Inner {
     tx: mpsc::UnboundedSender<(u64, lapin::message::Delivery)>,
     generation: AtomicU64,
     outstanding: std::sync::Mutex<BTreeSet<u64>>,
+    /// Deliveries the runtime released ([`Source::release`]): still unacked on their
+    /// channel, handed out again by the next receive before anything new, so that no
+    /// requeue counts an attempt (a quorum queue's `x-delivery-count`, its delivery limit).
+    released: std::sync::Mutex<std::collections::VecDeque<Token>>,
     /// Held while acks and nacks are computed and sent: a `multiple` ack sent ahead of an
     /// earlier one would cover its tags, and the earlier one would then name tags the
     /// broker no longer knows, which closes the channel.
@@ -78,6 +82,7 @@ struct Token {
     generation: u64,
     tag: u64,
     attempt: u32,
+    redelivered: bool,
     message: Message,
 }
 
@@ -127,6 +132,7 @@ impl AmqpSource {
                 tx,
                 generation: AtomicU64::new(0),
                 outstanding: std::sync::Mutex::new(BTreeSet::new()),
+                released: std::sync::Mutex::new(std::collections::VecDeque::new()),
                 settle_order: Mutex::new(()),
                 publisher,
                 deliveries: AtomicU64::new(0),
@@ -171,12 +177,7 @@ impl AmqpSource {
     /// after the close, so treat a single zero as provisional.
     pub async fn pending(&self) -> Result<u64> {
         let mut n = self.in_flight() as u64;
-        let opts = &self.inner.opts;
-        for queue in opts
-            .queues()
-            .into_iter()
-            .filter(|q| *q != opts.dead_letter_queue())
-        {
+        for queue in self.inner.opts.waiting_queues() {
             n += u64::from(self.ready(&queue).await?);
         }
         Ok(n)
@@ -310,17 +311,26 @@ impl AmqpSource {
         if d.redelivered || attempt > 1 {
             self.inner.redeliveries.fetch_add(1, Ordering::Relaxed);
         }
-        Delivery {
-            message: message.clone(),
+        redeliver(Token {
+            generation,
+            tag: d.delivery_tag,
             attempt,
             redelivered: d.redelivered || attempt > 1,
-            receipt: Receipt::new(Token {
-                generation,
-                tag: d.delivery_tag,
-                attempt,
-                message,
-            }),
-        }
+            message,
+        })
+    }
+
+    /// Up to `max` released deliveries of the current channel, oldest first; those of a
+    /// channel that closed are dropped (the broker requeued them).
+    fn take_released(&self, generation: u64, max: usize) -> Vec<Delivery> {
+        let mut released = self
+            .inner
+            .released
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        released.retain(|t| t.generation == generation);
+        let n = released.len().min(max);
+        released.drain(..n).map(redeliver).collect()
     }
 
     /// Acks the `(generation, tag)` pairs of the current channel, `multiple` over the
@@ -405,6 +415,16 @@ pub(crate) fn to_message(d: &lapin::message::Delivery) -> Message {
     m
 }
 
+/// A delivery for `t`, which stays the receipt.
+fn redeliver(t: Token) -> Delivery {
+    Delivery {
+        message: t.message.clone(),
+        attempt: t.attempt,
+        redelivered: t.redelivered,
+        receipt: Receipt::new(t),
+    }
+}
+
 fn token(receipt: &Receipt) -> Result<&Token> {
     receipt
         .downcast_ref::<Token>()
@@ -424,6 +444,10 @@ impl Source for AmqpSource {
             // Reconnects if the channel broke while we waited: its deliveries are back in
             // the queue, and only a new channel receives them.
             let (_, generation) = self.live().await?;
+            let released = self.take_released(generation, max);
+            if !released.is_empty() {
+                return Ok(released);
+            }
             let slice = (tokio::time::Instant::now() + Duration::from_millis(100)).min(deadline);
             let mut out = Vec::new();
             if let Ok(Some(first)) = tokio::time::timeout_at(slice, rx.recv()).await {
@@ -457,7 +481,8 @@ impl Source for AmqpSource {
 
     async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
         let t = token(receipt)?;
-        if delay.is_zero() {
+        // Without retry tiers a retry is requeued at once (documented on `retry_delays`).
+        if delay.is_zero() || self.inner.opts.retry_delays.is_empty() {
             let _order = self.inner.settle_order.lock().await;
             if let Some((channel, current)) = self.current().await {
                 let owned = self
@@ -492,19 +517,45 @@ impl Source for AmqpSource {
         self.ack_tags(&[(t.generation, t.tag)]).await
     }
 
+    /// Keeps the deliveries unacked on their channel and hands them out again from the
+    /// next receive: the broker never sees them come back, so nothing counts an attempt.
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        let Some((_, current)) = self.current().await else {
+            return Ok(());
+        };
+        let tokens = receipts
+            .iter()
+            .map(|r| token(r))
+            .collect::<Result<Vec<_>>>()?;
+        let held: Vec<Token> = {
+            let outstanding = self
+                .inner
+                .outstanding
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            tokens
+                .into_iter()
+                .filter(|t| t.generation == current && outstanding.contains(&t.tag))
+                .cloned()
+                .collect()
+        };
+        self.inner
+            .released
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(held);
+        Ok(())
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
         let t = token(&delivery.receipt)?;
         let mut extra: Vec<(String, String)> = reason.to_headers().into_iter().collect();
         extra.push((ATTEMPTS_HEADER.to_owned(), t.attempt.to_string()));
         let props = properties(&delivery.message, &extra);
-        let opts = &self.inner.opts;
+        let (exchange, key) = self.inner.opts.dead_letter_target();
         self.inner
             .publisher
-            .send(
-                &opts.dead_letter_exchange(),
-                &opts.queue,
-                &[(delivery.message.payload(), props)],
-            )
+            .send(exchange, key, &[(delivery.message.payload(), props)])
             .await?;
         self.ack_tags(&[(t.generation, t.tag)]).await
     }

@@ -1,117 +1,589 @@
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+//! Declaring the topology: all or nothing, and every refusal explained.
+//!
+//! 1. What exists is checked first, passively, one channel per check (a passive declare of
+//!    something missing closes its channel).
+//! 2. Under [`Declare::None`] that is all: whatever is missing is an error naming it.
+//! 3. Otherwise the parts are declared, the work queue first (the part most likely to
+//!    exist with other arguments), then bound. If a declaration is refused, everything
+//!    this call created is deleted again, so that a failed declare leaves nothing behind
+//!    that blocks the corrected settings, and the refusal (`PRECONDITION_FAILED`) is
+//!    translated into what exists, what was wanted, and the option that aligns them.
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 
 use justonce_core::{Error, ErrorKind, Result};
 
 use crate::error::amqp;
-use crate::{AmqpOptions, QueueType};
+use crate::{AmqpOptions, DeadLetters, Declare, ExchangeType, QueueType};
 
 fn s(v: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(v))
 }
 
-fn durable() -> QueueDeclareOptions {
+/// One queue or exchange of the topology.
+#[derive(Debug, Clone)]
+enum Part {
+    Queue {
+        name: String,
+        args: FieldTable,
+        /// What it is for, in the words of an error message.
+        role: &'static str,
+    },
+    Exchange {
+        name: String,
+        kind: ExchangeType,
+        /// An exchange of the user's that may exist already: never declared again.
+        theirs: bool,
+    },
+}
+
+impl Part {
+    fn name(&self) -> &str {
+        match self {
+            Part::Queue { name, .. } | Part::Exchange { name, .. } => name,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Part::Queue { name, role, .. } => format!("{role} {name}"),
+            Part::Exchange { name, .. } => format!("exchange {name}"),
+        }
+    }
+}
+
+fn kind(k: ExchangeType) -> ExchangeKind {
+    match k {
+        ExchangeType::Direct => ExchangeKind::Direct,
+        ExchangeType::Topic => ExchangeKind::Topic,
+        ExchangeType::Fanout => ExchangeKind::Fanout,
+        ExchangeType::Headers => ExchangeKind::Headers,
+    }
+}
+
+fn durable_queue(passive: bool) -> QueueDeclareOptions {
     QueueDeclareOptions {
         durable: true,
+        passive,
         ..QueueDeclareOptions::default()
     }
 }
 
-/// Declares the work exchange and queue, the dead-letter exchange and queue, and the retry
-/// tiers of `opts`. Idempotent: declaring the same topology again changes nothing; declaring
-/// it with other arguments fails with an error that names the queue.
-pub async fn declare(channel: &Channel, opts: &AmqpOptions) -> Result<()> {
-    let x = ExchangeDeclareOptions {
+fn durable_exchange(passive: bool) -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
         durable: true,
+        passive,
         ..ExchangeDeclareOptions::default()
-    };
-    for exchange in [opts.exchange(), opts.dead_letter_exchange()] {
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Direct,
-                x,
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| amqp(format!("declaring exchange {exchange}"), e))?;
     }
+}
 
+/// Quorum queues dead-letter at-least-once (RabbitMQ 3.10+), which needs `reject-publish`.
+fn quorum(args: &mut FieldTable) {
+    args.insert("x-queue-type".into(), s("quorum"));
+    args.insert("x-dead-letter-strategy".into(), s("at-least-once"));
+    args.insert("x-overflow".into(), s("reject-publish"));
+}
+
+/// The parts of `opts`, in the order they are declared: the work queue first.
+fn parts(opts: &AmqpOptions) -> Vec<Part> {
+    let quorum_queue = opts.queue_type == QueueType::Quorum;
     let mut work = FieldTable::default();
-    let mut dead = FieldTable::default();
-    if opts.queue_type == QueueType::Quorum {
+    if quorum_queue {
         work.insert("x-queue-type".into(), s("quorum"));
-        dead.insert("x-queue-type".into(), s("quorum"));
         if let Some(limit) = opts.delivery_limit {
+            let (dlx, key) = opts.dead_letter_target();
             work.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit as i32));
-            work.insert(
-                "x-dead-letter-exchange".into(),
-                s(&opts.dead_letter_exchange()),
-            );
-            work.insert("x-dead-letter-routing-key".into(), s(&opts.queue));
-            // At-least-once dead-lettering (RabbitMQ 3.10+, feature flag stream_queue).
+            work.insert("x-dead-letter-exchange".into(), s(dlx));
+            work.insert("x-dead-letter-routing-key".into(), s(key));
             work.insert("x-dead-letter-strategy".into(), s("at-least-once"));
             work.insert("x-overflow".into(), s("reject-publish"));
         }
     }
-    let declare_queue = |name: String, args: FieldTable| async move {
-        channel
-            .queue_declare(name.as_str().into(), durable(), args)
-            .await
-            .map_err(|e| {
-                let mut err = amqp(format!("declaring queue {name}"), e);
-                if err.kind() == ErrorKind::Config {
-                    err = Error::with_source(
-                        ErrorKind::Config,
-                        format!(
-                        "queue {name} exists with other arguments, or the broker lacks a feature \
-                         (at-least-once dead-lettering needs RabbitMQ 3.10+ with the stream_queue \
-                         feature flag enabled): delete the queue or align AmqpOptions"
-                    ),
-                        err,
-                    );
-                }
-                err
-            })
-    };
-    declare_queue(opts.dead_letter_queue(), dead).await?;
-    declare_queue(opts.queue.clone(), work).await?;
-    let bind = QueueBindOptions::default();
-    channel
-        .queue_bind(
-            opts.dead_letter_queue().as_str().into(),
-            opts.dead_letter_exchange().as_str().into(),
-            opts.queue.as_str().into(),
-            bind,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| amqp("binding the dead-letter queue", e))?;
-    channel
-        .queue_bind(
-            opts.queue.as_str().into(),
-            opts.exchange().as_str().into(),
-            opts.queue.as_str().into(),
-            bind,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| amqp("binding the work queue", e))?;
-
-    for delay in &opts.retry_delays {
+    let mut out = vec![Part::Queue {
+        name: opts.queue.clone(),
+        args: work,
+        role: "work queue",
+    }];
+    if let Some(own) = opts.own_exchange() {
+        out.push(Part::Exchange {
+            name: own.to_owned(),
+            kind: ExchangeType::Direct,
+            theirs: false,
+        });
+    }
+    for b in &opts.bindings {
+        if !out
+            .iter()
+            .any(|p| matches!(p, Part::Exchange { name, .. } if *name == b.exchange))
+        {
+            out.push(Part::Exchange {
+                name: b.exchange.clone(),
+                kind: b.kind.unwrap_or(ExchangeType::Direct),
+                theirs: true,
+            });
+        }
+    }
+    match &opts.dead_letters {
+        DeadLetters::Declare { exchange, queue } => {
+            out.push(Part::Exchange {
+                name: exchange.clone(),
+                kind: ExchangeType::Direct,
+                theirs: false,
+            });
+            let mut args = FieldTable::default();
+            if quorum_queue {
+                args.insert("x-queue-type".into(), s("quorum"));
+            }
+            out.push(Part::Queue {
+                name: queue.clone(),
+                args,
+                role: "dead-letter queue",
+            });
+        }
+        DeadLetters::Existing { exchange, .. } => out.push(Part::Exchange {
+            name: exchange.clone(),
+            kind: ExchangeType::Direct,
+            theirs: true,
+        }),
+    }
+    for (delay, name) in opts.retry_delays.iter().zip(opts.retry_queues()) {
         let mut args = FieldTable::default();
         args.insert(
             "x-message-ttl".into(),
             AMQPValue::LongLongInt(delay.as_millis() as i64),
         );
-        args.insert("x-dead-letter-exchange".into(), s(&opts.exchange()));
+        // Back to the work queue through the default exchange, which routes by queue name:
+        // the tiers need no exchange of the queue's, whatever it is bound to.
+        args.insert("x-dead-letter-exchange".into(), s(""));
         args.insert("x-dead-letter-routing-key".into(), s(&opts.queue));
-        declare_queue(
-            format!("{}.retry.{}ms", opts.queue, delay.as_millis()),
+        if quorum_queue {
+            quorum(&mut args);
+        }
+        out.push(Part::Queue {
+            name,
             args,
+            role: "retry tier",
+        });
+    }
+    out
+}
+
+/// Whether `part` exists, asked passively on a channel of its own.
+async fn exists(conn: &Connection, part: &Part) -> Result<bool> {
+    let ch = conn
+        .create_channel()
+        .await
+        .map_err(|e| amqp("opening a channel", e))?;
+    let answer = match part {
+        Part::Queue { name, .. } => ch
+            .queue_declare(
+                name.as_str().into(),
+                durable_queue(true),
+                FieldTable::default(),
+            )
+            .await
+            .map(|_| ()),
+        Part::Exchange { name, kind: k, .. } => {
+            ch.exchange_declare(
+                name.as_str().into(),
+                kind(*k),
+                durable_exchange(true),
+                FieldTable::default(),
+            )
+            .await
+        }
+    };
+    match answer {
+        Ok(()) => {
+            let _ = ch.close(200, "justonce: checked".into()).await;
+            Ok(true)
+        }
+        // 404 NOT_FOUND closes the channel.
+        Err(e) if e.to_string().contains("NOT_FOUND") => Ok(false),
+        Err(e) => Err(amqp(format!("checking {}", part.describe()), e)),
+    }
+}
+
+/// Declares the topology of `opts` on `conn` as [`AmqpOptions::declare`] says: every
+/// part, only the missing ones, or none (checking that each exists). All or nothing: a
+/// refused declaration deletes what this call created, and the error says what exists,
+/// what was wanted and which option aligns them. Idempotent.
+pub async fn declare(conn: &Connection, opts: &AmqpOptions) -> Result<()> {
+    let parts = parts(opts);
+    let mut existing = Vec::with_capacity(parts.len());
+    for p in &parts {
+        existing.push(exists(conn, p).await?);
+    }
+    let missing: Vec<&Part> = parts
+        .iter()
+        .zip(&existing)
+        .filter(|(_, e)| !**e)
+        .map(|(p, _)| p)
+        .collect();
+    if opts.declare == Declare::None {
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = missing.iter().map(|p| p.describe()).collect();
+        return Err(Error::config(format!(
+            "the topology is declared elsewhere (Declare::None), but {} does not exist: \
+             create it there, or let justonce declare what is missing (Declare::Missing)",
+            names.join(", ")
+        )));
+    }
+    let unknown: Vec<String> = opts
+        .bindings
+        .iter()
+        .filter(|b| b.kind.is_none())
+        .filter(|b| missing.iter().any(|p| p.name() == b.exchange))
+        .map(|b| b.exchange.clone())
+        .chain(match &opts.dead_letters {
+            DeadLetters::Existing { exchange, .. }
+                if missing.iter().any(|p| p.name() == exchange) =>
+            {
+                Some(exchange.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return Err(Error::config(format!(
+            "exchange {} does not exist: create it, or give its type so that justonce \
+             declares it (AmqpOptions::bind, or --exchange NAME:TYPE)",
+            unknown.join(", ")
+        )));
+    }
+
+    let ch = conn
+        .create_channel()
+        .await
+        .map_err(|e| amqp("opening a channel", e))?;
+    let mut created: Vec<&Part> = Vec::new();
+    let result = declare_parts(&ch, opts, &parts, &existing, &mut created).await;
+    if let Err((part, e)) = result {
+        let _ = ch.close(200, "justonce: declare failed".into()).await;
+        undo(conn, &created).await;
+        return Err(match part {
+            Some(part) => refused(conn, part, opts, e).await,
+            None => e,
+        });
+    }
+    let _ = ch.close(200, "justonce: declared".into()).await;
+    Ok(())
+}
+
+/// Declares and binds; a refused declaration answers with its part, to be explained.
+async fn declare_parts<'a>(
+    ch: &Channel,
+    opts: &AmqpOptions,
+    parts: &'a [Part],
+    existing: &[bool],
+    created: &mut Vec<&'a Part>,
+) -> std::result::Result<(), (Option<&'a Part>, Error)> {
+    for (part, &exists) in parts.iter().zip(existing) {
+        let skip = exists
+            && (opts.declare == Declare::Missing
+                || matches!(part, Part::Exchange { theirs: true, .. }));
+        if skip {
+            continue;
+        }
+        let declared = match part {
+            Part::Queue { name, args, .. } => ch
+                .queue_declare(name.as_str().into(), durable_queue(false), args.clone())
+                .await
+                .map(|_| ()),
+            Part::Exchange { name, kind: k, .. } => {
+                ch.exchange_declare(
+                    name.as_str().into(),
+                    kind(*k),
+                    durable_exchange(false),
+                    FieldTable::default(),
+                )
+                .await
+            }
+        };
+        declared.map_err(|e| {
+            (
+                Some(part),
+                amqp(format!("declaring {}", part.describe()), e),
+            )
+        })?;
+        if !exists {
+            created.push(part);
+        }
+    }
+    let bind = |queue: String, exchange: String, key: String| async move {
+        ch.queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            key.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| {
+            let err = amqp(
+                format!("binding queue {queue} to exchange {exchange} ({key})"),
+                e,
+            );
+            (None, err)
+        })
+    };
+    if let Some(own) = opts.own_exchange() {
+        bind(opts.queue.clone(), own.to_owned(), opts.queue.clone()).await?;
+    }
+    for b in &opts.bindings {
+        bind(
+            opts.queue.clone(),
+            b.exchange.clone(),
+            b.routing_key.clone(),
         )
         .await?;
     }
+    if let DeadLetters::Declare { exchange, queue } = &opts.dead_letters {
+        bind(queue.clone(), exchange.clone(), opts.queue.clone()).await?;
+    }
     Ok(())
+}
+
+/// Deletes what a failed declaration created, newest first, best effort. Only while unused
+/// and empty: a part another process started using meanwhile stays. (Quorum queues refuse
+/// the `if-unused` and `if-empty` flags, so a queue's counts are read first.)
+async fn undo(conn: &Connection, created: &[&Part]) {
+    let Ok(ch) = conn.create_channel().await else {
+        return;
+    };
+    for part in created.iter().rev() {
+        let _ = match part {
+            Part::Queue { name, .. } => {
+                let idle = ch
+                    .queue_declare(
+                        name.as_str().into(),
+                        durable_queue(true),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .is_ok_and(|q| q.message_count() == 0 && q.consumer_count() == 0);
+                if !idle {
+                    continue;
+                }
+                ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                    .await
+                    .map(|_| ())
+            }
+            Part::Exchange { name, .. } => {
+                ch.exchange_delete(
+                    name.as_str().into(),
+                    ExchangeDeleteOptions {
+                        if_unused: true,
+                        ..ExchangeDeleteOptions::default()
+                    },
+                )
+                .await
+            }
+        };
+    }
+    let _ = ch.close(200, "justonce: undone".into()).await;
+}
+
+/// A refused declaration of `part`, explained. RabbitMQ names the first argument that
+/// differs, which for a queue of the other type is seldom `x-queue-type`: a declaration
+/// with that argument alone asks about the type first.
+async fn refused(conn: &Connection, part: &Part, opts: &AmqpOptions, err: Error) -> Error {
+    let text = err.to_chain_string();
+    if err.kind() != ErrorKind::Config || !text.contains("PRECONDITION_FAILED") {
+        return err;
+    }
+    let mut inequivalent = Inequivalent::parse(&text);
+    if let (Part::Queue { name, .. }, Some(i)) = (part, &inequivalent) {
+        if i.arg != "x-queue-type" {
+            if let Some(t) = type_refused(conn, name, opts.queue_type).await {
+                inequivalent = Some(t);
+            }
+        }
+    }
+    let explained = match inequivalent {
+        Some(i) => i.explain(part, opts),
+        None => format!(
+            "{} exists with other settings than justonce's, or the broker lacks a feature \
+             (at-least-once dead-lettering needs RabbitMQ 3.10+ with the stream_queue feature \
+             flag): align AmqpOptions with it, use it as it is (Declare::Missing), or delete it",
+            part.describe()
+        ),
+    };
+    Error::with_source(ErrorKind::Config, explained, err)
+}
+
+/// Whether the existing queue `name` is of another type than `wanted`: a declaration with
+/// the type alone (classic: no argument) is refused on `x-queue-type` if so.
+async fn type_refused(conn: &Connection, name: &str, wanted: QueueType) -> Option<Inequivalent> {
+    let mut only_type = FieldTable::default();
+    if wanted == QueueType::Quorum {
+        only_type.insert("x-queue-type".into(), s("quorum"));
+    }
+    let ch = conn.create_channel().await.ok()?;
+    match ch
+        .queue_declare(name.into(), durable_queue(false), only_type)
+        .await
+    {
+        Ok(_) => {
+            let _ = ch.close(200, "justonce: probed".into()).await;
+            None
+        }
+        Err(e) => Inequivalent::parse(&e.to_string()).filter(|i| i.arg == "x-queue-type"),
+    }
+}
+
+/// RabbitMQ's `inequivalent arg 'A' for queue 'Q' in vhost 'V': received X but current is Y`.
+#[derive(Debug, PartialEq, Eq)]
+struct Inequivalent {
+    arg: String,
+    wanted: String,
+    current: String,
+}
+
+impl Inequivalent {
+    fn parse(text: &str) -> Option<Inequivalent> {
+        let rest = text.split_once("inequivalent arg '")?.1;
+        let (arg, rest) = rest.split_once('\'')?;
+        let rest = rest.split_once(": received ")?.1;
+        let (wanted, current) = rest.split_once(" but current is ")?;
+        Some(Inequivalent {
+            arg: arg.to_owned(),
+            wanted: value(wanted),
+            current: value(current),
+        })
+    }
+
+    fn explain(&self, part: &Part, opts: &AmqpOptions) -> String {
+        let what = part.describe();
+        let (arg, current, wanted) = (&self.arg, &self.current, &self.wanted);
+        let fix = match arg.as_str() {
+            "x-queue-type" => {
+                let exists_as = if current == "none" {
+                    "classic"
+                } else {
+                    current
+                };
+                let queue_type = if exists_as == "classic" {
+                    "Classic"
+                } else {
+                    "Quorum"
+                };
+                return format!(
+                    "{what} exists as a {exists_as} queue, and justonce wanted a {} queue: set \
+                     AmqpOptions::queue_type(QueueType::{queue_type}) (--queue-type {exists_as}) \
+                     to use it, or delete the queue",
+                    opts.queue_type.as_str()
+                );
+            }
+            "x-delivery-limit" | "x-dead-letter-strategy" | "x-overflow" => {
+                "align AmqpOptions::delivery_limit with it (None declares no limit and no \
+                 dead-lettering on the queue)"
+            }
+            "x-dead-letter-exchange" | "x-dead-letter-routing-key" => {
+                "align AmqpOptions::dead_letters / dead_letters_to with it"
+            }
+            "x-message-ttl" => "align AmqpOptions::retry_tiers with it (each tier holds one delay)",
+            "durable" => {
+                "justonce needs durable queues and exchanges: delete it and let justonce declare it"
+            }
+            _ => "align AmqpOptions with it",
+        };
+        format!(
+            "{what} exists with {arg} = {current}, and justonce wanted {wanted}: {fix}, use it \
+             as it is (AmqpOptions::declare(Declare::Missing), --declare missing), or delete it"
+        )
+    }
+}
+
+/// `the value 'quorum' of type 'longstr'` -> `quorum`; `'true'` -> `true`; `none` -> `none`.
+fn value(v: &str) -> String {
+    let v = v.trim();
+    let v = v.strip_prefix("the value ").unwrap_or(v);
+    match v.strip_prefix('\'').and_then(|r| r.split_once('\'')) {
+        Some((inner, _)) => inner.to_owned(),
+        None => v.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rabbitmq_refusals_are_read_back() {
+        let text = "declaring work queue orders: protocol error: AMQP soft error: PRECONDITION-FAILED: \
+                    PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'orders' in vhost \
+                    '/': received the value 'quorum' of type 'longstr' but current is none";
+        let i = Inequivalent::parse(text).unwrap();
+        assert_eq!(
+            i,
+            Inequivalent {
+                arg: "x-queue-type".into(),
+                wanted: "quorum".into(),
+                current: "none".into()
+            }
+        );
+        let opts = AmqpOptions::new("orders");
+        let part = &parts(&opts)[0];
+        let said = i.explain(part, &opts);
+        assert!(
+            said.contains("work queue orders exists as a classic queue"),
+            "{said}"
+        );
+        assert!(said.contains("QueueType::Classic"), "{said}");
+
+        let durable = Inequivalent::parse(
+            "inequivalent arg 'durable' for queue 'x' in vhost '/': received 'true' but current is 'false'",
+        )
+        .unwrap();
+        assert_eq!(
+            (durable.wanted.as_str(), durable.current.as_str()),
+            ("true", "false")
+        );
+        let ttl = Inequivalent::parse(
+            "inequivalent arg 'x-message-ttl' for queue 'orders.retry.1000ms' in vhost '/': received the value '1000' of type 'signedint' but current is the value '2000' of type 'signedint'",
+        )
+        .unwrap();
+        assert_eq!(
+            (ttl.wanted.as_str(), ttl.current.as_str()),
+            ("1000", "2000")
+        );
+    }
+
+    #[test]
+    fn the_work_queue_is_declared_first_and_retry_tiers_follow_its_type() {
+        let opts = AmqpOptions::new("orders");
+        let ps = parts(&opts);
+        assert!(matches!(
+            &ps[0],
+            Part::Queue {
+                role: "work queue",
+                ..
+            }
+        ));
+        let tier = ps
+            .iter()
+            .find_map(|p| match p {
+                Part::Queue {
+                    role: "retry tier",
+                    args,
+                    ..
+                } => Some(args),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(tier.inner().get("x-queue-type"), Some(&s("quorum")));
+        assert_eq!(tier.inner().get("x-dead-letter-exchange"), Some(&s("")));
+        let classic = parts(&AmqpOptions::new("orders").queue_type(QueueType::Classic));
+        assert!(classic.iter().all(
+            |p| !matches!(p, Part::Queue { args, .. } if args.inner().contains_key("x-queue-type"))
+        ));
+    }
 }

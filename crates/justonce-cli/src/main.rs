@@ -10,7 +10,7 @@ mod worker;
 
 use clap::{Parser, Subcommand};
 
-/// Exactly-once effects on at-least-once brokers: demo, and (soon) lab, bench, dlq, dedup.
+/// Exactly-once effects on at-least-once brokers: the demo, the lab and the bench.
 #[derive(Debug, Parser)]
 #[command(name = "justonce", version, about)]
 struct Cli {
@@ -79,7 +79,8 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Each cause once: a wrapper that repeats its source is left out.
+            eprintln!("error: {}", justonce::error_chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

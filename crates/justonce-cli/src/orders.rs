@@ -12,8 +12,8 @@ use justonce::sql::{
     SqliteStateGuard, SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };
 use justonce::{
-    async_trait, Cas, ClaimStore, Context, DedupStore, Disposition, Handler, Idempotency, Result,
-    StateMachine, TransactionalAck, Transition,
+    async_trait, Cas, ClaimStore, Context, DedupStore, Disposition, Handler, Idempotency, Message,
+    Result, StateMachine, TransactionalAck, Transition,
 };
 
 use crate::bus::Bus;
@@ -199,6 +199,13 @@ impl<B: Bank> PaymentHandler<B> {
 
 #[async_trait]
 impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
+    /// The account row the payment updates: batches take their account locks in account
+    /// order, so that concurrent batches never deadlock over two accounts.
+    fn lock_key(&self, message: &Message) -> Option<String> {
+        let p: Payment = message.decode_json().ok()?;
+        Some(format!("{:020}", p.account))
+    }
+
     async fn handle(&self, cx: &Context<'_>, tx: &mut B::Tx) -> Result<Disposition> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         let p: Payment = cx.message().decode_json()?;

@@ -555,6 +555,15 @@ pub async fn queue<Q: Source + Publisher>(q: &Q, lease: Duration, ns: &str) {
     let b = q.receive(10, lease * 4).await.unwrap();
     assert_eq!(b.len(), 1, "a nacked message comes back after its delay");
     assert_eq!(b[0].message.id().unwrap().as_str(), format!("{ns}-b"));
+    assert_eq!(b[0].attempt, 2, "a nack counts an attempt");
+
+    // Released (the consumer could not process it, through no fault of its own): back at
+    // once, and no attempt counted.
+    q.release(&[&b[0].receipt]).await.unwrap();
+    let b = q.receive(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(b.len(), 1, "a released message is delivered again at once");
+    assert_eq!(b[0].message.id().unwrap().as_str(), format!("{ns}-b"));
+    assert_eq!(b[0].attempt, 2, "a release counts no attempt");
     q.ack(&[&b[0].receipt]).await.unwrap();
     assert!(
         q.receive(10, lease * 2).await.unwrap().is_empty(),

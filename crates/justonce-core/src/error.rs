@@ -24,8 +24,19 @@ pub enum ErrorKind {
     Closed,
     /// A unique constraint rejected a write: the unique-key signal for duplicates.
     UniqueViolation,
-    /// Any other error reported by the database.
+    /// Any other error reported by the database about the statement's data: a foreign key,
+    /// check or not-null violation, a value out of range. The message's fault.
     Database,
+    /// The database does not know what a statement names (a table, column, function,
+    /// schema or database), or the SQL does not parse: a migration not run, a wrong
+    /// `search_path`, a deploy that got ahead of its schema. Not the message's fault.
+    Schema,
+    /// Not allowed: authentication failed, a privilege is missing, the database is
+    /// read-only. Not the message's fault.
+    Permission,
+    /// The server ran out of something or failed: disk full, out of memory, too many
+    /// connections, a corrupted file. Not the message's fault.
+    Resource,
     /// A payload could not be decoded (malformed JSON, wrong shape).
     Decode,
     /// A message is unacceptable as it is: missing id, oversized payload, invalid field.
@@ -36,6 +47,9 @@ pub enum ErrorKind {
     Config,
     /// An error from the handler's own code that it did not classify further.
     Handler,
+    /// A contract broken inside justonce or a backend (a store answering N claims for M
+    /// keys): a bug to report, never the message's fault.
+    Internal,
 }
 
 impl ErrorKind {
@@ -52,11 +66,82 @@ impl ErrorKind {
             ErrorKind::Closed => true,
             ErrorKind::UniqueViolation => false,
             ErrorKind::Database => false,
+            ErrorKind::Schema => false,
+            ErrorKind::Permission => false,
+            ErrorKind::Resource => true,
             ErrorKind::Decode => false,
             ErrorKind::InvalidInput => false,
             ErrorKind::Conflict => false,
             ErrorKind::Config => false,
             ErrorKind::Handler => true,
+            ErrorKind::Internal => false,
+        }
+    }
+
+    /// Whether the message itself caused the error, so that handling it again the same
+    /// way fails again while other messages succeed.
+    ///
+    /// Only these errors may retry a message against its attempt limit or dead-letter it.
+    /// Any other error from a handler, a store or a transport (an outage, a schema or
+    /// privilege mistake, a bug) fails the whole batch instead: the batch is handed back
+    /// without counting an attempt, and the consumer pauses and tries again.
+    ///
+    /// ```
+    /// use justonce_core::ErrorKind;
+    ///
+    /// assert!(ErrorKind::Decode.is_message_fault()); // dead-lettered at once
+    /// assert!(!ErrorKind::Schema.is_message_fault()); // a missing table pauses the consumer
+    /// ```
+    pub fn is_message_fault(self) -> bool {
+        match self {
+            ErrorKind::Connect => false,
+            ErrorKind::Io => false,
+            ErrorKind::Busy => false,
+            ErrorKind::Timeout => false,
+            ErrorKind::Closed => false,
+            ErrorKind::UniqueViolation => true,
+            ErrorKind::Database => true,
+            ErrorKind::Schema => false,
+            ErrorKind::Permission => false,
+            ErrorKind::Resource => false,
+            ErrorKind::Decode => true,
+            ErrorKind::InvalidInput => true,
+            ErrorKind::Conflict => true,
+            ErrorKind::Config => false,
+            ErrorKind::Handler => true,
+            ErrorKind::Internal => false,
+        }
+    }
+
+    /// What an operator should look at when a consumer pauses on this kind of error.
+    pub fn advice(self) -> &'static str {
+        match self {
+            ErrorKind::Connect | ErrorKind::Io | ErrorKind::Closed | ErrorKind::Timeout => {
+                "a service is unreachable or dropped the connection; the consumer retries"
+            }
+            ErrorKind::Busy => "lock contention (deadlock, serialization failure, lock timeout); the batch runs again",
+            ErrorKind::Schema => {
+                "the database lacks a table, column or function the code uses, or the SQL does \
+                 not parse: run the migrations, check the database name and search_path; \
+                 nothing is dead-lettered meanwhile"
+            }
+            ErrorKind::Permission => {
+                "the database user lacks a privilege, cannot log in, or the database is \
+                 read-only: grant it or point the consumer at the primary; nothing is \
+                 dead-lettered meanwhile"
+            }
+            ErrorKind::Resource => {
+                "the server is out of disk, memory or connections, or failed: free it; \
+                 nothing is dead-lettered meanwhile"
+            }
+            ErrorKind::Config => "the configuration is wrong: the message says what to change",
+            ErrorKind::Internal => "a bug in justonce or a backend: please report it",
+            ErrorKind::UniqueViolation
+            | ErrorKind::Database
+            | ErrorKind::Decode
+            | ErrorKind::InvalidInput
+            | ErrorKind::Conflict
+            | ErrorKind::Handler => "the message could not be handled",
         }
     }
 
@@ -70,11 +155,15 @@ impl ErrorKind {
             ErrorKind::Closed => "closed",
             ErrorKind::UniqueViolation => "unique violation",
             ErrorKind::Database => "database",
+            ErrorKind::Schema => "schema",
+            ErrorKind::Permission => "permission",
+            ErrorKind::Resource => "resource",
             ErrorKind::Decode => "decode",
             ErrorKind::InvalidInput => "invalid input",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Config => "config",
             ErrorKind::Handler => "handler",
+            ErrorKind::Internal => "internal",
         }
     }
 }
@@ -94,7 +183,10 @@ impl fmt::Display for ErrorKind {
 /// assert!(!e.kind().is_transient());
 /// assert_eq!(e.to_string(), "payload is not valid JSON: expected value at line 1");
 /// ```
-#[derive(Debug, thiserror::Error)]
+///
+/// `{:?}` prints the message and its causes on one line, each said once, so that a `main`
+/// returning [`Result`] ends with a readable line; `{:#?}` prints the fields.
+#[derive(thiserror::Error)]
 #[error("{message}")]
 pub struct Error {
     kind: ErrorKind,
@@ -141,19 +233,54 @@ impl Error {
         self.kind.is_transient()
     }
 
-    /// The message followed by every cause, joined by `": "`.
+    /// The message followed by every cause, joined by `": "`, each said once: a cause whose
+    /// text the line already holds (a wrapper that repeats its source) is left out.
+    ///
+    /// ```
+    /// use justonce_core::{Error, ErrorKind};
+    ///
+    /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+    /// let e = Error::with_source(ErrorKind::Connect, "cannot connect to PostgreSQL at 127.0.0.1", io);
+    /// assert_eq!(e.to_chain_string(), "cannot connect to PostgreSQL at 127.0.0.1: connection refused");
+    /// ```
     pub fn to_chain_string(&self) -> String {
-        let mut s = self.message.clone();
-        let mut cur = std::error::Error::source(self);
-        while let Some(e) = cur {
-            let text = e.to_string();
-            if !s.ends_with(&text) {
-                s.push_str(": ");
-                s.push_str(&text);
-            }
-            cur = e.source();
+        error_chain(self)
+    }
+}
+
+/// `e` and its causes on one line, joined by `": "`, each said once (see
+/// [`Error::to_chain_string`]); for any error, such as the CLI's.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut last = s.clone();
+    let mut cur = e.source();
+    while let Some(e) = cur {
+        let text = e.to_string();
+        // Left out: a cause already said, or one that only wraps the last one in more words
+        // ("error returned from database: relation … does not exist").
+        let repeats =
+            text.is_empty() || s.contains(&text) || (!last.is_empty() && text.contains(&last));
+        if !repeats {
+            s.push_str(": ");
+            s.push_str(&text);
+            last = text;
         }
-        s
+        cur = e.source();
+    }
+    s
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            f.debug_struct("Error")
+                .field("kind", &self.kind)
+                .field("message", &self.message)
+                .field("source", &self.source)
+                .finish()
+        } else {
+            write!(f, "{} ({})", self.to_chain_string(), self.kind)
+        }
     }
 }
 

@@ -34,7 +34,7 @@ mod url;
 
 pub use backoff::ExponentialBackoff;
 pub use delivery::{Delivery, Receipt};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{error_chain, Error, ErrorKind, Result};
 pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};

@@ -219,11 +219,7 @@ impl Message {
     /// which the runtime dead-letters without retrying.
     pub fn decode_json<'a, T: serde::Deserialize<'a>>(&'a self) -> Result<T> {
         serde_json::from_slice(&self.payload).map_err(|e| {
-            Error::with_source(
-                ErrorKind::Decode,
-                format!("payload is not the expected JSON ({e})"),
-                e,
-            )
+            Error::with_source(ErrorKind::Decode, "payload is not the expected JSON", e)
         })
     }
 }

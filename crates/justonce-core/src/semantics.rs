@@ -116,7 +116,10 @@ impl Disposition {
         }
     }
 
-    /// The disposition an error stands for: transient errors retry, the rest dead-letter.
+    /// The disposition an error stands for: transient errors and errors that are not the
+    /// message's fault ([`ErrorKind::is_message_fault`]) retry, the rest dead-letter. (The
+    /// runtime never gets here for an error that is not the message's: a handler returning
+    /// one as `Err` fails the whole batch, which is handed back without counting an attempt.)
     ///
     /// ```
     /// use justonce_core::{Disposition, Error, ErrorKind};
@@ -128,7 +131,7 @@ impl Disposition {
     /// ```
     pub fn from_error(e: &Error) -> Self {
         let reason = format!("{}: {}", e.kind(), e.to_chain_string());
-        if e.kind().is_transient() {
+        if e.kind().is_transient() || !e.kind().is_message_fault() {
             Disposition::retry(reason)
         } else {
             Disposition::dead_letter(reason)

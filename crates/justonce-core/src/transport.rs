@@ -26,6 +26,22 @@ pub trait Source: Send + Sync {
     /// Gives a delivery back, to be delivered again no sooner than `delay`.
     async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()>;
 
+    /// Hands deliveries back without counting an attempt against them: the consumer could
+    /// not process them for a reason that is not theirs (an outage, a schema or privilege
+    /// mistake, a deadlock), so their next delivery carries the same attempt number and no
+    /// attempt limit (the runtime's `max_attempts`, a broker's delivery limit) moves closer.
+    ///
+    /// The default nacks each with no delay, which counts an attempt on transports that
+    /// count deliveries; the built-in transports do better (the SQL queues give the attempt
+    /// back, RabbitMQ keeps the deliveries unacked and hands them out again from the source
+    /// itself). A receipt that is stale or already settled is ignored.
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        for r in receipts {
+            self.nack(r, Duration::ZERO).await?;
+        }
+        Ok(())
+    }
+
     /// Moves a delivery to the dead-letter queue with its reason, and acks it.
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()>;
 

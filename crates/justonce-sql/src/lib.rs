@@ -51,3 +51,40 @@ pub use sqlite::{
     SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard, SqliteStore,
     SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };
+
+/// A database server that could not be reached or refused us, said once: where (without
+/// the password), and the server's or the socket's own sentence. Classified as the
+/// underlying error is (a wrong password is a permission error), except that a lost or
+/// timed-out connection is a connect error here.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn cannot_connect(server: &str, url: &str, e: sqlx::Error) -> justonce_core::Error {
+    use justonce_core::{Error, ErrorKind};
+    let cause = Error::from(e);
+    let kind = match cause.kind() {
+        ErrorKind::Io | ErrorKind::Timeout | ErrorKind::Closed => ErrorKind::Connect,
+        other => other,
+    };
+    Error::with_source(
+        kind,
+        format!(
+            "cannot connect to {server} at {}",
+            justonce_core::redact_url(url)
+        ),
+        cause,
+    )
+}
+
+/// Opens and closes one connection: a pool retries a refused connection until its acquire
+/// timeout and then says only "pool timed out"; this says what went wrong, at once.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn probe<O>(options: &O) -> Result<(), sqlx::Error>
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    let conn = tokio::time::timeout(std::time::Duration::from_secs(10), options.connect())
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    let _ = sqlx::Connection::close(conn).await;
+    Ok(())
+}

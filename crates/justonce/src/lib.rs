@@ -56,14 +56,14 @@ mod shutdown;
 
 pub use async_trait::async_trait;
 pub use consumer::{
-    BatchReport, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook, FaultPoint,
-    Handler, Idempotency,
+    BatchReport, BreakerOptions, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook,
+    FaultPoint, Handler, Idempotency,
 };
 pub use justonce_core::{
-    canonical_json, conformance, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,
-    ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind,
-    ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher, Receipt,
-    Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    canonical_json, conformance, error_chain, memory, redact_url, validate_identifier, Cas, Claim,
+    ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
+    ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher,
+    Receipt, Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 

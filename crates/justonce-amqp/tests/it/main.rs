@@ -181,3 +181,143 @@ async fn a_wrong_url_is_a_clear_error_without_the_password() {
     );
     assert!(!text.contains("s3cret"));
 }
+
+/// Whether a queue (or, with `exchange`, an exchange) of that name exists.
+async fn exists(url: &str, name: &str, exchange: bool) -> bool {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let found = if exchange {
+        ch.exchange_declare(
+            name.into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .is_ok()
+    } else {
+        ch.queue_declare(
+            name.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .is_ok()
+    };
+    let _ = conn.close(200, "".into()).await;
+    found
+}
+
+/// Declares a classic durable queue, as another team's code did.
+async fn classic(url: &str, name: &str) {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        name.into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let _ = conn.close(200, "".into()).await;
+}
+
+async fn delete_queue(url: &str, name: &str) {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(name.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = conn.close(200, "".into()).await;
+}
+
+#[tokio::test]
+async fn a_refused_declare_leaves_nothing_behind_and_says_which_option_aligns_it() {
+    let Some(url) = url() else { return };
+    // The work queue exists as a classic queue; justonce wants a quorum one.
+    let o = options("refused");
+    classic(&url, &o.queue).await;
+    let err = AmqpSource::connect(&url, o.clone()).await.unwrap_err();
+    let text = err.to_string();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(
+        text.contains(&format!("work queue {} exists as a classic queue", o.queue))
+            && text.contains("QueueType::Classic"),
+        "{text}"
+    );
+    let satellites = [
+        o.dead_letter_queue().unwrap().to_owned(),
+        o.retry_queues()[0].clone(),
+    ];
+    for q in &satellites {
+        assert!(!exists(&url, q, false).await, "{q} was left behind");
+    }
+    assert!(
+        !exists(&url, &o.queue, true).await,
+        "its exchange was left behind"
+    );
+    // Aligned, the same queue is used as it is.
+    let aligned = AmqpSource::connect(
+        &url,
+        o.clone().queue_type(justonce_amqp::QueueType::Classic),
+    )
+    .await
+    .unwrap();
+    aligned.delete_topology().await.unwrap();
+
+    // A satellite that refuses: everything declared before it is undone.
+    let o = options("refused2");
+    classic(&url, o.dead_letter_queue().unwrap()).await;
+    let err = AmqpSource::connect(&url, o.clone()).await.unwrap_err();
+    assert!(err.to_string().contains("dead-letter queue"), "{err}");
+    assert!(
+        !exists(&url, &o.queue, false).await,
+        "the work queue was left behind"
+    );
+    assert!(
+        !exists(&url, &o.queue, true).await,
+        "the exchange was left behind"
+    );
+    for q in o.retry_queues() {
+        assert!(!exists(&url, &q, false).await, "{q} was left behind");
+    }
+    delete_queue(&url, o.dead_letter_queue().unwrap()).await;
+}
+
+#[tokio::test]
+async fn declare_none_only_checks_and_names_what_is_missing() {
+    let Some(url) = url() else { return };
+    let o = options("declare-none").declare(justonce_amqp::Declare::None);
+    let err = AmqpSource::connect(&url, o.clone()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("work queue {}", o.queue)) && text.contains("Declare::Missing"),
+        "{text}"
+    );
+    assert!(!exists(&url, &o.queue, false).await, "nothing was declared");
+    // Declared by someone else first, it is used as it is.
+    let owner = AmqpPublisher::connect(&url, o.clone().declare(justonce_amqp::Declare::All))
+        .await
+        .unwrap();
+    let checked = AmqpSource::connect(&url, o).await.unwrap();
+    checked.publish(&msg("n-1")).await.unwrap();
+    let got = checked.receive(1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    checked.ack(&[&got[0].receipt]).await.unwrap();
+    owner.delete_topology().await.unwrap();
+}

@@ -165,6 +165,26 @@ impl Source for MemoryQueue {
         Ok(())
     }
 
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            for r in receipts {
+                let Some(t) = r.downcast_ref::<Token>() else {
+                    continue;
+                };
+                if let Some(e) = inner.entries.get_mut(&t.seq) {
+                    if e.attempts == t.attempt {
+                        e.attempts -= 1;
+                        e.visible_at = now;
+                    }
+                }
+            }
+        }
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
         self.remove(&delivery.receipt);
         let mut msg = delivery.message.clone();

@@ -6,7 +6,7 @@ mod store;
 
 use std::time::Duration;
 
-use justonce_core::{redact_url, Error, ErrorKind, Result};
+use justonce_core::{redact_url, Error, Result};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::MySqlPool;
 
@@ -23,16 +23,13 @@ pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<MySqlPool
         )));
     }
     let url = url.replacen("mariadb://", "mysql://", 1);
+    let unreachable = |e| crate::cannot_connect("MariaDB", &url, e);
+    let connect: sqlx::mysql::MySqlConnectOptions = url.parse().map_err(unreachable)?;
+    crate::probe(&connect).await.map_err(unreachable)?;
     MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
+        .connect_with(connect)
         .await
-        .map_err(|e| {
-            Error::with_source(
-                ErrorKind::Connect,
-                format!("cannot connect to MariaDB at {}", redact_url(&url)),
-                e,
-            )
-        })
+        .map_err(unreachable)
 }

@@ -7,7 +7,7 @@ mod store;
 
 use std::time::Duration;
 
-use justonce_core::{redact_url, Error, ErrorKind, Result};
+use justonce_core::{redact_url, Error, Result};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -57,13 +57,10 @@ pub(crate) async fn connect_with(
             })
         });
     }
-    options.connect(url).await.map_err(|e| {
-        Error::with_source(
-            ErrorKind::Connect,
-            format!("cannot connect to PostgreSQL at {}", redact_url(url)),
-            e,
-        )
-    })
+    let unreachable = |e| crate::cannot_connect("PostgreSQL", url, e);
+    let connect: sqlx::postgres::PgConnectOptions = url.parse().map_err(unreachable)?;
+    crate::probe(&connect).await.map_err(unreachable)?;
+    options.connect_with(connect).await.map_err(unreachable)
 }
 
 /// Runs DDL statements under the schema lock.

@@ -392,6 +392,27 @@ impl Source for PgQueue {
         Ok(())
     }
 
+    /// Gives each delivery's attempt back and makes it visible at once, in one statement.
+    /// The receipt's `(seq, attempts)` then names the row again, which only lets a holder
+    /// whose lease ran out settle what it decided (it acks only after its own commit).
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let (seqs, attempts) = tokens(receipts)?;
+        sqlx::query(
+            "UPDATE jo_queue q SET attempts = q.attempts - 1, visible_at = clock_timestamp()
+             FROM unnest($1::bigint[], $2::int[]) AS r(seq, attempts)
+             WHERE q.seq = r.seq AND q.attempts = r.attempts",
+        )
+        .bind(seqs)
+        .bind(attempts)
+        .execute(&self.pool)
+        .await?;
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
         let t = token(&delivery.receipt)?;
         let m = &delivery.message;

@@ -300,6 +300,34 @@ impl Source for SqliteQueue {
         Ok(())
     }
 
+    /// Gives each delivery's attempt back and makes it visible at once. The receipt's
+    /// `(seq, attempts)` then names the row again, which only lets a holder whose lease ran
+    /// out settle what it decided (it acks only after its own commit).
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let tokens = receipts
+            .iter()
+            .map(|r| token(r))
+            .collect::<Result<Vec<_>>>()?;
+        let sql = format!(
+            "UPDATE jo_queue SET attempts = attempts - 1, visible_at = {NOW_MS}
+             WHERE seq = ? AND attempts = ?"
+        );
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for t in &tokens {
+            sqlx::query(&sql)
+                .bind(t.seq)
+                .bind(t.attempt)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
         let t = token(&delivery.receipt)?;
         let m = &delivery.message;

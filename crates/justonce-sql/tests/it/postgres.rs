@@ -42,10 +42,10 @@ mod queue {
         assert_eq!(stats.pending, 0);
         assert_eq!(stats.dead_letters, 1);
         assert_eq!(
-            stats.deliveries, 6,
-            "3 first deliveries, c twice more, b once more"
+            stats.deliveries, 7,
+            "3 first deliveries, c twice more, b twice more (after its nack, after its release)"
         );
-        assert_eq!(stats.redeliveries, 3);
+        assert_eq!(stats.redeliveries, 4);
         let dead = q.dead_letters().await.unwrap();
         assert_eq!(dead[0].reason.error, "invalid input: test");
         let header = dead[0].message.headers().get(DeadLetterReason::ERROR);

@@ -98,6 +98,40 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// Handles one message inside `tx`.
     async fn handle(&self, cx: &Context<'_>, tx: &mut Tx) -> Result<Disposition>;
 
+    /// The row this message's handler will lock first (an account, an order), if it locks
+    /// one: the runtime runs each batch in the order of these keys, so that every consumer
+    /// (another process, another batch of this one) takes its locks in the same order, and
+    /// two batches that touch the same rows wait for each other instead of deadlocking.
+    /// Messages with one key keep their order; those with none come first. The default
+    /// names none.
+    ///
+    /// ```
+    /// use justonce::{Context, Disposition, Handler, Message, Result};
+    /// # use justonce::async_trait;
+    /// # use justonce::memory::MemoryTx;
+    /// #[derive(serde::Deserialize)]
+    /// struct Payment { account: i64 }
+    ///
+    /// struct Credit;
+    ///
+    /// # #[async_trait]
+    /// impl Handler<MemoryTx> for Credit {
+    ///     fn lock_key(&self, message: &Message) -> Option<String> {
+    ///         let p: Payment = message.decode_json().ok()?; // a bad payload is the handler's to reject
+    ///         Some(format!("account:{:020}", p.account))
+    ///     }
+    ///     async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
+    ///         # let _ = (cx, tx);
+    ///         // UPDATE accounts SET balance = balance + $1 WHERE id = $2 ...
+    ///         Ok(Disposition::Ok)
+    ///     }
+    /// }
+    /// ```
+    fn lock_key(&self, message: &Message) -> Option<String> {
+        let _ = message;
+        None
+    }
+
     /// Called instead of [`Handler::handle`] for a message whose claim completed before,
     /// with the result stored then ([`Idempotency::Claim`](crate::Idempotency::Claim) only).
     /// The default does nothing; the delivery is acked either way.

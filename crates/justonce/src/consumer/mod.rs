@@ -22,6 +22,7 @@
 //! [`ConsumerOptions::optimistic_batches`]). Acks go out only after the commit. Bad input (no id, oversized payload, an id
 //! seen before with another payload) is dead-lettered with a reason, never retried.
 
+mod breaker;
 mod fault;
 mod handler;
 mod options;
@@ -35,8 +36,10 @@ use justonce_core::{
     Semantics, Source, TransactionalAck,
 };
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
+pub use breaker::BreakerOptions;
+use breaker::{Breaker, Change, Outcome};
 pub use fault::{FaultHook, FaultPoint};
 pub use handler::{Context, Handler};
 pub use options::{ConflictPolicy, ConsumerOptions, Idempotency};
@@ -71,6 +74,7 @@ struct Inner<S: DedupStore, H> {
     faults: Option<Arc<dyn FaultHook>>,
     claims: Option<Arc<dyn ClaimStore>>,
     tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
+    breaker: Mutex<Breaker>,
 }
 
 /// What happened to one batch.
@@ -89,8 +93,27 @@ pub struct BatchReport {
     pub retried: usize,
     /// Dead-lettered.
     pub dead_lettered: usize,
+    /// Handed back without counting an attempt, because the breaker is open for the reason
+    /// they failed with (see [`BreakerOptions`]).
+    pub released: usize,
     /// The batch was abandoned by a fault hook's crash.
     pub crashed: bool,
+}
+
+impl BatchReport {
+    /// The report of two batches run one after the other.
+    fn merge(self, other: BatchReport) -> BatchReport {
+        BatchReport {
+            received: self.received + other.received,
+            handled: self.handled + other.handled,
+            acked: self.acked + other.acked,
+            duplicates: self.duplicates + other.duplicates,
+            retried: self.retried + other.retried,
+            dead_lettered: self.dead_lettered + other.dead_lettered,
+            released: self.released + other.released,
+            crashed: self.crashed || other.crashed,
+        }
+    }
 }
 
 /// One delivery's state through a batch.
@@ -101,6 +124,8 @@ struct Slot {
     id: Option<MessageId>,
     /// The claim's fencing token (claim mode).
     token: Option<u64>,
+    /// Why the message failed (a retry or a dead letter of its own), for the breaker.
+    failure: Option<String>,
 }
 
 #[derive(Debug)]
@@ -115,6 +140,8 @@ enum Settle {
     },
     Nack(Duration),
     DeadLetter(String),
+    /// Handed back without counting an attempt: the breaker is open for its failure.
+    Release,
     /// At-most-once: acked before handling, nothing left to do.
     Done,
 }
@@ -164,6 +191,7 @@ where
         }
         let backoff =
             ExponentialBackoff::new(opts.backoff_base, opts.backoff_max).with_seed(opts.seed);
+        let breaker = Mutex::new(Breaker::new(opts.breaker.clone()));
         Ok(Consumer {
             inner: Arc::new(Inner {
                 source,
@@ -174,6 +202,7 @@ where
                 faults: None,
                 claims: None,
                 tx_ack: None,
+                breaker,
             }),
         })
     }
@@ -254,7 +283,7 @@ where
         if batch.is_empty() {
             return Ok(BatchReport::default());
         }
-        let result = self.inner.process(&batch).await;
+        let result = self.inner.process_splitting(&batch).await;
         if result.is_err() {
             self.inner.give_back(&batch).await;
         }
@@ -296,12 +325,7 @@ where
 }
 
 fn flatten(res: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
-    res.map_err(|e| {
-        Error::new(
-            justonce_core::ErrorKind::Handler,
-            format!("consumer task failed: {e}"),
-        )
-    })?
+    res.map_err(|e| Error::with_source(ErrorKind::Internal, "a consumer task failed", e))?
 }
 
 impl<S, H> Inner<S, H>
@@ -320,6 +344,10 @@ where
                 .await?;
             batch.extend(more);
         }
+        // Every consumer takes the batch's row locks in one order, so that two batches
+        // touching the same rows wait for each other instead of deadlocking. The sort is
+        // stable: messages of one key keep their order.
+        batch.sort_by_cached_key(|d| self.handler.lock_key(&d.message));
         Ok(batch)
     }
 
@@ -333,7 +361,7 @@ where
             let result = match batch {
                 Ok(b) if b.is_empty() => continue,
                 Ok(b) => {
-                    let result = self.process(&b).await.map(|_| ());
+                    let result = self.process_splitting(&b).await;
                     if result.is_err() {
                         self.give_back(&b).await;
                     }
@@ -341,18 +369,31 @@ where
                 }
                 Err(e) => Err(e),
             };
+            // A batch that failed, or whose failures the open breaker handed back, is not
+            // the messages' fault: pause, then the next batch is the probe. A consumer
+            // never stops on its own; only `shutdown` ends it.
             match result {
-                Ok(()) => failures = 0,
-                Err(e) if e.is_transient() => {
+                Ok(report) if report.released == 0 => {
+                    failures = 0;
+                    continue;
+                }
+                Ok(_) => failures += 1,
+                Err(e) => {
                     failures += 1;
                     let pause = self.backoff.delay(failures);
-                    warn!(worker, error = %e.to_chain_string(), ?pause, "batch failed and was handed back; retrying after a pause");
-                    tokio::select! {
-                        _ = stop.changed() => break,
-                        _ = tokio::time::sleep(pause) => {}
+                    let kind = e.kind();
+                    let text = e.to_chain_string();
+                    if kind.is_transient() {
+                        warn!(worker, consumer = %self.opts.name, %kind, error = %text, ?pause, "batch failed and was handed back; retrying after a pause");
+                    } else {
+                        error!(worker, consumer = %self.opts.name, %kind, error = %text, advice = kind.advice(), ?pause, "batch failed for a reason that is not the messages': it was handed back without counting an attempt, and the consumer pauses until this is fixed");
                     }
                 }
-                Err(e) => return Err(e),
+            }
+            let pause = self.backoff.delay(failures);
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep(pause) => {}
             }
         }
         Ok(())
@@ -406,9 +447,10 @@ where
     /// Bad input is settled before the handler ever sees it; the id is derived here.
     fn screen(&self, d: &Delivery) -> Slot {
         let dead = |reason: String| Slot {
-            settle: Settle::DeadLetter(reason),
+            settle: Settle::DeadLetter(reason.clone()),
             id: None,
             token: None,
+            failure: Some(reason),
         };
         let len = d.message.payload().len();
         if len > self.opts.max_payload_bytes {
@@ -422,6 +464,7 @@ where
                 settle: Settle::Pending,
                 id: Some(id),
                 token: None,
+                failure: None,
             },
             Ok(None) => dead(format!(
                 "invalid input: message has no id (missing or empty under the {} id strategy); \
@@ -538,7 +581,8 @@ where
                 }
                 ClaimState::Conflict { stored } => {
                     if let Some(id) = slots[i].id.clone() {
-                        slots[i].settle = self.settle_for(d, self.conflict(&id, stored, fp));
+                        let disposition = self.conflict(&id, stored, fp);
+                        self.decide(&mut slots[i], d, disposition);
                     }
                 }
             }
@@ -557,8 +601,9 @@ where
     ) {
         let mut items = Vec::new();
         let mut which = Vec::new();
-        for (i, (slot, result)) in slots.iter().zip(results).enumerate() {
-            let (Some(token), Some(id)) = (slot.token, &slot.id) else {
+        for (i, (slot, result)) in slots.iter_mut().zip(results).enumerate() {
+            // Each claim is finished once: a batch that fails after this releases the rest.
+            let (Some(token), Some(id)) = (slot.token.take(), &slot.id) else {
                 continue;
             };
             let key = DedupKey {
@@ -600,25 +645,40 @@ where
         }
     }
 
-    /// After a failed batch (not a crash): hands its deliveries back at once, best effort.
-    /// Nothing is lost if this fails too: they come back when their lease runs out or their
-    /// channel closes. Receipts already settled are ignored by the transport.
+    /// After a failed batch (not a crash): hands its deliveries back at once without
+    /// counting an attempt ([`Source::release`]), best effort. Nothing is lost if this
+    /// fails too: they come back when their lease runs out or their channel closes.
+    /// Receipts already settled are ignored by the transport.
     async fn give_back(&self, batch: &[Delivery]) {
-        for d in batch {
-            if let Err(e) = self.source.nack(&d.receipt, Duration::ZERO).await {
-                debug!(error = %e.to_chain_string(), "could not hand a delivery back; its lease will");
-                break;
+        let receipts: Vec<&Receipt> = batch.iter().map(|d| &d.receipt).collect();
+        if let Err(e) = self.source.release(&receipts).await {
+            debug!(error = %e.to_chain_string(), "could not hand the batch back; its leases will");
+        }
+    }
+
+    /// Processes `batch`. A batch that fails on lock contention (a deadlock, a serialization
+    /// failure) runs again at once as two halves, each in a transaction of its own, down
+    /// to single messages: smaller transactions hold fewer locks, so the retry rarely meets
+    /// the same conflict, and the batch is not failed again and again whole. At-most-once
+    /// batches are acked before they run and are not run again.
+    async fn process_splitting(&self, batch: &[Delivery]) -> Result<BatchReport> {
+        match self.process(batch).await {
+            Err(e)
+                if e.kind() == ErrorKind::Busy
+                    && batch.len() > 1
+                    && self.opts.semantics != Semantics::AtMostOnce =>
+            {
+                debug!(batch = batch.len(), error = %e.to_chain_string(), "lock contention: the batch runs again in two halves");
+                let (a, b) = batch.split_at(batch.len() / 2);
+                let first = Box::pin(self.process_splitting(a)).await?;
+                let second = Box::pin(self.process_splitting(b)).await?;
+                Ok(first.merge(second))
             }
+            other => other,
         }
     }
 
     async fn process(&self, batch: &[Delivery]) -> Result<BatchReport> {
-        let mut report = BatchReport {
-            received: batch.len(),
-            ..BatchReport::default()
-        };
-        let mut slots: Vec<Slot> = batch.iter().map(|d| self.screen(d)).collect();
-        let at_most_once = self.opts.semantics == Semantics::AtMostOnce;
         let claims = if self.effectively_once(Idempotency::Claim) {
             Some(self.claims.as_deref().ok_or_else(|| {
                 Error::config("idempotency Claim needs a claim store: call Consumer::with_claims")
@@ -626,23 +686,51 @@ where
         } else {
             None
         };
+        let mut slots: Vec<Slot> = batch.iter().map(|d| self.screen(d)).collect();
+        let result = self.transact(batch, &mut slots, claims).await;
+        if result.is_err() {
+            if let Some(claims) = claims {
+                // The batch goes back to the queue: let its claims go with it, or its own
+                // next delivery would find them held until their lease runs out.
+                for slot in &mut slots {
+                    slot.settle = Settle::Release;
+                }
+                self.finish_claims(claims, &mut slots, &vec![None; batch.len()])
+                    .await;
+            }
+        }
+        result
+    }
+
+    /// The batch's transaction: claims, handlers, commit, then settle.
+    async fn transact(
+        &self,
+        batch: &[Delivery],
+        slots: &mut Vec<Slot>,
+        claims: Option<&dyn ClaimStore>,
+    ) -> Result<BatchReport> {
+        let mut report = BatchReport {
+            received: batch.len(),
+            ..BatchReport::default()
+        };
+        let at_most_once = self.opts.semantics == Semantics::AtMostOnce;
 
         if at_most_once {
             let receipts: Vec<_> = batch
                 .iter()
-                .zip(&slots)
+                .zip(slots.iter())
                 .filter(|(_, s)| matches!(s.settle, Settle::Pending))
                 .map(|(d, _)| &d.receipt)
                 .collect();
             self.source.ack(&receipts).await?;
             report.acked += receipts.len();
-            if self.crash_at(FaultPoint::AfterAck, batch, &slots).await {
+            if self.crash_at(FaultPoint::AfterAck, batch, slots).await {
                 report.crashed = true;
                 return Ok(report);
             }
         }
         if let Some(claims) = claims {
-            self.acquire_claims(claims, batch, &mut slots).await?;
+            self.acquire_claims(claims, batch, slots).await?;
         }
 
         let mut results = vec![None; batch.len()];
@@ -651,22 +739,15 @@ where
         // with a savepoint per message, so that the failing one rolls back alone.
         let optimistic = self.opts.optimistic_batches && claims.is_none();
         let (mut tx, claimed) = if optimistic && self.effectively_once(Idempotency::DedupTable) {
-            let (tx, answers) = self.begin_claimed(batch, &slots).await?;
+            let (tx, answers) = self.begin_claimed(batch, slots).await?;
             (tx, Some(answers))
         } else {
             (self.store.begin().await?, None)
         };
         let report_before = report;
         let failed = if optimistic {
-            self.handle_fast(
-                &mut tx,
-                claimed,
-                batch,
-                &mut slots,
-                &mut results,
-                &mut report,
-            )
-            .await?
+            self.handle_fast(&mut tx, claimed, batch, slots, &mut results, &mut report)
+                .await?
         } else {
             None
         };
@@ -681,7 +762,7 @@ where
                 tx = self.store.begin().await?;
                 // Nothing but `screen` set the slots before the transaction (no claims, and
                 // at-most-once's early ack leaves them as they were): derive them again.
-                slots = batch.iter().map(|d| self.screen(d)).collect();
+                *slots = batch.iter().map(|d| self.screen(d)).collect();
                 report = report_before;
                 results = vec![None; batch.len()];
             }
@@ -698,7 +779,7 @@ where
                 // wrote the same things again, so it would give it again.
                 if let Some((_, disposition)) = failed.take_if(|(at, _)| *at == i) {
                     report.handled += 1;
-                    slot.settle = self.settle_after(d, disposition);
+                    self.decide(slot, d, disposition);
                     continue;
                 }
                 self.store.savepoint(&mut tx).await?;
@@ -709,27 +790,28 @@ where
                     Disposition::Ok => self.store.release_savepoint(&mut tx).await?,
                     _ => self.store.rollback_to_savepoint(&mut tx).await?,
                 }
-                slot.settle = self.settle_after(d, disposition);
+                self.decide(slot, d, disposition);
             }
         }
 
         if let Some(acker) = &self.tx_ack {
-            self.ack_in_tx(acker.as_ref(), &mut tx, batch, &mut slots)
+            self.ack_in_tx(acker.as_ref(), &mut tx, batch, slots)
                 .await?;
         }
-        if self.crash_at(FaultPoint::BeforeCommit, batch, &slots).await {
+        if self.crash_at(FaultPoint::BeforeCommit, batch, slots).await {
             report.crashed = true;
             return Ok(report); // the transaction is dropped: rolled back
         }
         self.store.commit(tx).await?;
-        if self.crash_at(FaultPoint::AfterCommit, batch, &slots).await {
+        if self.crash_at(FaultPoint::AfterCommit, batch, slots).await {
             report.crashed = true;
             return Ok(report);
         }
         if let Some(claims) = claims {
-            self.finish_claims(claims, &mut slots, &results).await;
+            self.finish_claims(claims, slots, &results).await;
         }
-        self.settle(batch, slots, &mut report).await?;
+        self.settle(batch, std::mem::take(slots), &mut report)
+            .await?;
         Ok(report)
     }
 
@@ -758,6 +840,18 @@ where
             }
         }
         Ok(())
+    }
+
+    /// Settles a handled delivery as `disposition` says, noting a failure's reason for
+    /// the breaker.
+    fn decide(&self, slot: &mut Slot, d: &Delivery, disposition: Disposition) {
+        slot.failure = match &disposition {
+            Disposition::Retry { reason, .. } | Disposition::DeadLetter { reason } => {
+                Some(reason.clone())
+            }
+            Disposition::Ok | Disposition::Duplicate => None,
+        };
+        slot.settle = self.settle_after(d, disposition);
     }
 
     /// The settlement of a handled delivery.
@@ -791,7 +885,7 @@ where
         let (tx, answers) = self.store.begin_claiming(&self.opts.name, &keys).await?;
         if answers.len() != keys.len() {
             return Err(Error::new(
-                ErrorKind::Handler,
+                ErrorKind::Internal,
                 format!(
                     "the dedup store answered {} claims for {} keys",
                     answers.len(),
@@ -834,7 +928,7 @@ where
                     self.conflict(id, stored, d.message.fingerprint())
                 }
                 (Some(_), Some(None)) => {
-                    return Err(Error::new(ErrorKind::Handler, "a claim went missing"));
+                    return Err(Error::new(ErrorKind::Internal, "a claim went missing"));
                 }
                 (Some(_), Some(Some(Claim::Fresh)) | None) => {
                     let disposition = self.run_handler(tx, d, slot, result, report).await?;
@@ -844,7 +938,7 @@ where
                     disposition
                 }
             };
-            slot.settle = self.settle_after(d, disposition);
+            self.decide(slot, d, disposition);
         }
         Ok(None)
     }
@@ -896,24 +990,67 @@ where
             {
                 Disposition::Duplicate
             }
-            // A deadlock or serialization failure is the transaction's, not the message's:
-            // rolling back to the savepoint keeps the locks of the batch's earlier messages,
-            // so the conflict would repeat for every message after it. Fail the batch: it
-            // rolls back whole, goes back to the queue, and the worker retries after a pause.
-            // Never counted against the message: its attempts also count the redeliveries
-            // after crashes, and a good message must not be dead-lettered for a deadlock.
-            Err(e) if e.kind() == ErrorKind::Busy => return Err(e),
+            // An error that is not the message's (an outage, a missing table or privilege,
+            // a deadlock) fails the batch: it rolls back whole, goes back to the queue without
+            // counting an attempt, and the worker retries after a pause. Dead-lettering would
+            // empty the queue into the dead letters over a deploy mistake, and counting it
+            // against the message would dead-letter good messages after a long outage (its
+            // attempts also count the redeliveries after crashes). A deadlock is the
+            // transaction's: rolling back to the savepoint would keep the locks of the batch's
+            // earlier messages, and the conflict would repeat for every message after it.
+            Err(e) if !e.kind().is_message_fault() => return Err(e),
             Err(e) => Disposition::from_error(&e),
         })
+    }
+
+    /// Shows the breaker what the batch came to and, while it is open, turns the failures
+    /// it holds into releases.
+    fn judge(&self, slots: &mut [Slot]) {
+        if self.opts.semantics == Semantics::AtMostOnce || !self.opts.breaker.enabled {
+            return;
+        }
+        let outcomes = slots.iter().filter_map(|s| match (&s.settle, &s.failure) {
+            (Settle::Ack { .. } | Settle::AckedInTx { .. }, _) => Some(Outcome::Success),
+            (Settle::Nack(_) | Settle::DeadLetter(_), Some(reason)) => {
+                Some(Outcome::Failure(reason.as_str()))
+            }
+            _ => None,
+        });
+        let mut breaker = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
+        match breaker.record(tokio::time::Instant::now(), outcomes) {
+            Change::Opened(reason) => error!(
+                consumer = %self.opts.name,
+                threshold = self.opts.breaker.threshold,
+                window = ?self.opts.breaker.window,
+                %reason,
+                "breaker open: the last messages all failed for the same reason, which looks like \
+                 a deploy or configuration mistake rather than bad messages; messages failing \
+                 for it are handed back instead of dead-lettered, and the consumer pauses until \
+                 a message succeeds"
+            ),
+            Change::Closed => {
+                warn!(consumer = %self.opts.name, "breaker closed: a message succeeded; failures settle as usual again")
+            }
+            Change::None => {}
+        }
+        for slot in slots.iter_mut() {
+            let held = matches!(slot.settle, Settle::Nack(_) | Settle::DeadLetter(_))
+                && slot.failure.as_deref().is_some_and(|r| breaker.holds(r));
+            if held {
+                slot.settle = Settle::Release;
+            }
+        }
     }
 
     async fn settle(
         &self,
         batch: &[Delivery],
-        slots: Vec<Slot>,
+        mut slots: Vec<Slot>,
         report: &mut BatchReport,
     ) -> Result<()> {
+        self.judge(&mut slots);
         let mut acks = Vec::new();
+        let mut released = Vec::new();
         for (d, slot) in batch.iter().zip(slots) {
             match slot.settle {
                 Settle::Ack { duplicate } => {
@@ -937,12 +1074,17 @@ where
                     warn!(consumer = %self.opts.name, id = ?d.message.id().map(|i| i.as_str()), %reason, "dead-lettered");
                     self.source.dead_letter(d, &reason).await?;
                 }
+                Settle::Release => released.push(&d.receipt),
                 Settle::Done | Settle::Pending => {}
             }
         }
         if !acks.is_empty() {
             self.source.ack(&acks).await?;
             report.acked += acks.len();
+        }
+        if !released.is_empty() {
+            report.released += released.len();
+            self.source.release(&released).await?;
         }
         Ok(())
     }

@@ -2,6 +2,8 @@ use std::time::Duration;
 
 use justonce_core::{IdStrategy, Semantics};
 
+use super::BreakerOptions;
+
 /// How an effectively-once consumer recognises a message it already applied.
 ///
 /// | method | how | needs |
@@ -105,6 +107,9 @@ pub struct ConsumerOptions {
     /// in between; set `false` if a handler does work outside its transaction. Batches
     /// under [`Idempotency::Claim`] always use savepoints.
     pub optimistic_batches: bool,
+    /// When to stop dead-lettering because every message fails the same way (a deploy
+    /// mistake the error classification missed); on by default.
+    pub breaker: BreakerOptions,
 }
 
 impl ConsumerOptions {
@@ -130,6 +135,7 @@ impl ConsumerOptions {
             retention: None,
             purge_interval: Duration::from_secs(60),
             optimistic_batches: true,
+            breaker: BreakerOptions::default(),
         }
     }
 

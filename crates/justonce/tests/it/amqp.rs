@@ -287,3 +287,81 @@ async fn a_broker_restart_mid_run_loses_nothing_and_duplicates_nothing() {
     assert_exactly_once(&f.store, 1500).await;
     source.delete_topology().await.unwrap();
 }
+
+/// A system that already runs: producers (here raw AMQP, as aio-pika would) publish orders
+/// to an existing topic exchange by routing key only, with `message_id` set and some of
+/// them twice. The work queue is bound to the exchange by pattern, in one line, and the
+/// orders are applied effectively-once; a key the pattern does not match never arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_bound_to_an_existing_topic_exchange_consumes_effectively_once() {
+    let _one = BROKER.lock().await;
+    let Some(f) = fixture("topic").await else {
+        return;
+    };
+    let shop = conformance::unique_name("jo-rt-shop");
+    let conn = lapin::Connection::connect(&f.url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        shop.as_str().into(),
+        lapin::ExchangeKind::Topic,
+        lapin::options::ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        lapin::types::FieldTable::default(),
+    )
+    .await
+    .unwrap();
+
+    let opts = f.opts.clone().bind_existing(shop.as_str(), "order.*");
+    let source = AmqpSource::connect(&f.url, opts).await.unwrap();
+    assert!(
+        source.options().own_exchange().is_none(),
+        "a bound queue has no exchange of its own"
+    );
+    let publish = |key: &'static str, id: String| {
+        let ch = ch.clone();
+        let shop = shop.clone();
+        async move {
+            let props = lapin::BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_delivery_mode(2);
+            ch.basic_publish(
+                shop.as_str().into(),
+                key.into(),
+                lapin::options::BasicPublishOptions::default(),
+                br#"{"amount": 250}"#,
+                props,
+            )
+            .await
+            .unwrap();
+        }
+    };
+    for i in 0..100 {
+        publish("order.created", format!("o-{i:05}")).await;
+    }
+    for i in 0..20 {
+        publish("order.created", format!("o-{i:05}")).await; // a producer's retry
+    }
+    for i in 0..10 {
+        publish("invoice.paid", format!("inv-{i}")).await; // not ours
+    }
+    let consumer = Consumer::new(
+        options(),
+        source.clone(),
+        f.store.clone(),
+        Ledger {
+            retry: false,
+            runs: Arc::default(),
+        },
+    )
+    .unwrap();
+    consumer.run_until(drained(source.clone())).await.unwrap();
+    assert_exactly_once(&f.store, 100).await;
+    source.delete_topology().await.unwrap();
+    ch.exchange_delete(shop.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}

@@ -2,6 +2,7 @@
 //! backends, and bad input on the embedded SQLite default.
 
 mod amqp;
+mod environment;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rules;

@@ -233,3 +233,99 @@ async fn postmaster_start(store: &PgStore) -> String {
         }
     }
 }
+
+/// A deploy whose migration has not run: the business table is missing. Every good message
+/// must stay in the queue (none dead-lettered, no attempt counted), and the consumer applies
+/// them all once the table is created. The breaker is off: this is the SQLSTATE
+/// classification alone (42P01, undefined table), which a mutation treating it as the
+/// message's fault fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering() {
+    let Some(url) = url() else { return };
+    const ORDERS: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let queue = SqliteQueue::open(
+        &format!("sqlite:{}", dir.path().join("q.db").display()),
+        "orders",
+    )
+    .await
+    .unwrap();
+    let msgs: Vec<Message> = (0..ORDERS)
+        .map(|i| Message::new("{}").with_id(format!("o-{i:03}")).unwrap())
+        .collect();
+    queue.publish_batch(&msgs).await.unwrap();
+
+    let mut sopts = PgStoreOptions::default();
+    sopts.dedup_table = conformance::unique_name("jo_dedup_schema");
+    let dedup = sopts.dedup_table.clone();
+    let store = PgStore::open_with(&url, sopts).await.unwrap();
+    let ledger = conformance::unique_name("jo_ledger_schema");
+
+    let mut opts = ConsumerOptions::new("ledger");
+    opts.batch_size = 10;
+    opts.max_attempts = 2;
+    opts.receive_wait = Duration::from_millis(50);
+    opts.backoff_base = Duration::from_millis(20);
+    opts.backoff_max = Duration::from_millis(100);
+    opts.breaker = justonce::BreakerOptions::disabled();
+    let consumer = Consumer::new(
+        opts,
+        queue.clone(),
+        store.clone(),
+        Ledger {
+            table: ledger.clone(),
+        },
+    )
+    .unwrap();
+    let run = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            consumer
+                .run_until(async move {
+                    while queue.stats().await.map(|s| s.pending).unwrap_or(1) > 0 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+        })
+    };
+
+    // Long enough for many batches to fail, and for the attempt limit (2) to have
+    // dead-lettered every one of them had a hand-back counted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = queue.stats().await.unwrap();
+    let dead = queue.dead_letters().await.unwrap();
+    assert_eq!(
+        stats.dead_letters,
+        0,
+        "{}",
+        dead.first().map_or("", |d| d.reason.error.as_str())
+    );
+    assert_eq!(stats.pending, ORDERS as u64, "every order still waits");
+    assert!(
+        stats.deliveries > ORDERS as u64,
+        "the consumer kept trying: {stats:?}"
+    );
+
+    sqlx::query(&format!("CREATE TABLE {ledger} (order_id TEXT NOT NULL)"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("drains once the table exists")
+        .unwrap()
+        .unwrap();
+    let applied: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {ledger}"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(applied as usize, ORDERS, "every order applied once");
+    assert_eq!(queue.stats().await.unwrap().dead_letters, 0);
+    for t in [&ledger, &dedup] {
+        sqlx::query(&format!("DROP TABLE {t}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,282 @@
+//! Failures that are not the message's: a deploy or schema mistake, an outage, lock
+//! contention. They must pause the consumer and hand the batch back, never dead-letter good
+//! messages or count attempts against them. And the breaker, the backstop for the ones the
+//! classification misses. On the in-memory backends.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use justonce::memory::{MemoryQueue, MemoryStore, MemoryTx};
+use justonce::{
+    async_trait, BreakerOptions, Consumer, ConsumerOptions, Context, Disposition, Error, ErrorKind,
+    Handler, Message, Publisher, Result, Semantics, Source,
+};
+
+use crate::support::until_empty;
+
+/// Applies `NAME` payloads while the environment is fine; while `broken`, fails with an
+/// error of `kind` (a missing table, as the database would report it).
+#[derive(Clone)]
+struct Deploy {
+    broken: Arc<AtomicBool>,
+    kind: ErrorKind,
+    /// The attempt number of every applied message.
+    attempts: Arc<Mutex<Vec<u32>>>,
+    /// Failures seen while broken.
+    failures: Arc<AtomicU32>,
+}
+
+impl Deploy {
+    fn new(kind: ErrorKind) -> Self {
+        Deploy {
+            broken: Arc::new(AtomicBool::new(true)),
+            kind,
+            attempts: Arc::default(),
+            failures: Arc::default(),
+        }
+    }
+
+    /// Fixes the environment once the handler has failed `after` times.
+    async fn fix_after(self, after: u32) {
+        while self.failures.load(Ordering::SeqCst) < after {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.broken.store(false, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Handler<MemoryTx> for Deploy {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
+        if self.broken.load(Ordering::SeqCst) {
+            self.failures.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::new(
+                self.kind,
+                "relation \"accounts\" does not exist",
+            ));
+        }
+        tx.record(String::from_utf8_lossy(cx.message().payload()));
+        self.attempts.lock().unwrap().push(cx.attempt());
+        Ok(Disposition::Ok)
+    }
+}
+
+fn options(batch: usize) -> ConsumerOptions {
+    let mut o = ConsumerOptions::new("test");
+    o.semantics = Semantics::EffectivelyOnce;
+    o.linger = Duration::ZERO;
+    o.receive_wait = Duration::from_millis(20);
+    o.backoff_base = Duration::from_millis(5);
+    o.backoff_max = Duration::from_millis(20);
+    o.batch_size = batch;
+    o.max_attempts = 2;
+    o
+}
+
+async fn orders(q: &MemoryQueue, n: usize) {
+    let batch: Vec<Message> = (0..n)
+        .map(|i| {
+            Message::new(format!("o{i}"))
+                .with_id(format!("o{i}"))
+                .unwrap()
+        })
+        .collect();
+    q.publish_batch(&batch).await.unwrap();
+}
+
+/// Runs `handler` on 50 orders until every one is settled.
+async fn run(handler: Deploy, opts: ConsumerOptions) -> (Arc<MemoryQueue>, MemoryStore) {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    orders(&q, 50).await;
+    let store = MemoryStore::new();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::with_shared(opts, source, Arc::new(store.clone()), handler.clone()).unwrap();
+    let fixed = tokio::spawn(handler.fix_after(200));
+    c.run_until(until_empty(q.clone())).await.unwrap();
+    fixed.await.unwrap();
+    (q, store)
+}
+
+#[tokio::test]
+async fn a_schema_error_pauses_the_consumer_and_hands_the_batch_back_without_counting_attempts() {
+    let handler = Deploy::new(ErrorKind::Schema);
+    let (q, store) = run(handler.clone(), options(10)).await;
+    assert!(handler.failures.load(Ordering::SeqCst) >= 200);
+    assert!(q.dead_letters().is_empty(), "{:?}", q.dead_letters());
+    assert_eq!(
+        store.effects().len(),
+        50,
+        "every order applied once the table is back"
+    );
+    let attempts = handler.attempts.lock().unwrap().clone();
+    assert!(
+        attempts.iter().all(|&a| a == 1),
+        "no hand-back counted an attempt: {attempts:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_same_error_taken_for_the_messages_own_dead_letters_them_all_without_the_breaker() {
+    // The twin: an error the classification misses (here: tagged as the message's) with the
+    // breaker off empties the queue into the dead letters. This is what the breaker stops.
+    let handler = Deploy::new(ErrorKind::Database);
+    let mut opts = options(10);
+    opts.breaker = BreakerOptions::disabled();
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    orders(&q, 50).await;
+    let store = MemoryStore::new();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::with_shared(opts, source, Arc::new(store.clone()), handler).unwrap();
+    c.run_until(until_empty(q.clone())).await.unwrap();
+    assert_eq!(q.dead_letters().len(), 50);
+    assert!(store.effects().is_empty());
+}
+
+#[tokio::test]
+async fn the_breaker_stops_dead_lettering_when_every_message_fails_for_one_reason() {
+    let handler = Deploy::new(ErrorKind::Database);
+    let (q, store) = run(handler.clone(), options(10)).await;
+    let dead = q.dead_letters();
+    // The first batch of 10 settles as decided; the second brings the streak to 20 and
+    // opens the breaker, which then holds every failure of that reason.
+    assert_eq!(dead.len(), 10, "{dead:?}");
+    assert!(dead.iter().all(|(_, r)| r.error.contains("does not exist")));
+    assert_eq!(
+        store.effects().len(),
+        40,
+        "the rest applied once the table is back"
+    );
+    let attempts = handler.attempts.lock().unwrap().clone();
+    assert!(
+        attempts.iter().all(|&a| a == 1),
+        "the held messages were handed back without counting an attempt: {attempts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_that_trips_the_breaker_dead_letters_none_of_its_failures() {
+    let handler = Deploy::new(ErrorKind::Database);
+    let (q, store) = run(handler, options(100)).await;
+    assert!(q.dead_letters().is_empty(), "{:?}", q.dead_letters());
+    assert_eq!(store.effects().len(), 50);
+}
+
+#[tokio::test]
+async fn poison_among_good_messages_is_still_dead_lettered_at_once() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let mut batch = Vec::new();
+    for i in 0..60 {
+        let payload = if i % 3 == 0 {
+            "bad".to_owned()
+        } else {
+            format!("o{i}")
+        };
+        batch.push(Message::new(payload).with_id(format!("m{i}")).unwrap());
+    }
+    q.publish_batch(&batch).await.unwrap();
+    let store = MemoryStore::new();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::with_shared(options(10), source, Arc::new(store.clone()), Picky).unwrap();
+    c.run_until(until_empty(q.clone())).await.unwrap();
+    assert_eq!(q.dead_letters().len(), 20);
+    assert_eq!(store.effects().len(), 40);
+}
+
+/// Dead-letters `bad` payloads, applies the rest.
+struct Picky;
+
+#[async_trait]
+impl Handler<MemoryTx> for Picky {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
+        if cx.message().payload() == b"bad" {
+            return Ok(Disposition::dead_letter("invalid input: bad order"));
+        }
+        tx.record(String::from_utf8_lossy(cx.message().payload()));
+        Ok(Disposition::Ok)
+    }
+}
+
+/// Locks the account named after the `:` of its payload; records the order it ran in.
+/// Fails with a deadlock the first `deadlocks` times it runs in a batch of more than one
+/// message, as a batch that met another in the wrong order would.
+#[derive(Clone, Default)]
+struct Accounts {
+    ran: Arc<Mutex<Vec<String>>>,
+    deadlocks: Arc<AtomicU32>,
+}
+
+#[async_trait]
+impl Handler<MemoryTx> for Accounts {
+    fn lock_key(&self, message: &Message) -> Option<String> {
+        let text = std::str::from_utf8(message.payload()).ok()?;
+        Some(text.split_once(':')?.1.to_owned())
+    }
+
+    async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
+        let text = String::from_utf8_lossy(cx.message().payload()).into_owned();
+        if self.deadlocks.load(Ordering::SeqCst) > 0 && text.starts_with("pair") {
+            self.deadlocks.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::new(ErrorKind::Busy, "deadlock detected"));
+        }
+        self.ran.lock().unwrap().push(text.clone());
+        tx.record(text);
+        Ok(Disposition::Ok)
+    }
+}
+
+#[tokio::test]
+async fn a_batch_runs_in_the_order_of_its_lock_keys_keeping_the_order_of_each_key() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let payloads = ["a:9", "b:1", "c:5", "none", "d:1", "e:5"];
+    let batch: Vec<Message> = payloads
+        .iter()
+        .map(|p| Message::new(*p).with_id(*p).unwrap())
+        .collect();
+    q.publish_batch(&batch).await.unwrap();
+    let handler = Accounts::default();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::with_shared(
+        options(10),
+        source,
+        Arc::new(MemoryStore::new()),
+        handler.clone(),
+    )
+    .unwrap();
+    c.run_once().await.unwrap();
+    assert_eq!(
+        *handler.ran.lock().unwrap(),
+        ["none", "b:1", "d:1", "c:5", "e:5", "a:9"]
+    );
+}
+
+#[tokio::test]
+async fn a_deadlocked_batch_runs_again_in_halves_without_going_back_to_the_queue() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let batch: Vec<Message> = (0..8)
+        .map(|i| {
+            let p = if i == 5 {
+                "pair:5".to_owned()
+            } else {
+                format!("o{i}:{i}")
+            };
+            Message::new(p).with_id(format!("m{i}")).unwrap()
+        })
+        .collect();
+    q.publish_batch(&batch).await.unwrap();
+    let handler = Accounts::default();
+    handler.deadlocks.store(2, Ordering::SeqCst);
+    let store = MemoryStore::new();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::with_shared(options(8), source, Arc::new(store.clone()), handler).unwrap();
+    let report = c.run_once().await.unwrap();
+    assert_eq!(report.acked, 8, "{report:?}");
+    assert_eq!(store.effects().len(), 8);
+    assert!(q.dead_letters().is_empty());
+    assert_eq!(q.deliveries(), 8, "no delivery went back to the queue");
+    assert_eq!(
+        store.commits(),
+        3,
+        "the 8 failed; the first 4 committed, the last 4 failed again and committed as 2 + 2"
+    );
+}
