@@ -23,6 +23,20 @@ impl QueueType {
     }
 }
 
+impl std::str::FromStr for QueueType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "quorum" => Ok(QueueType::Quorum),
+            "classic" => Ok(QueueType::Classic),
+            _ => Err(Error::config(format!(
+                "unknown queue type `{s}`: use quorum or classic"
+            ))),
+        }
+    }
+}
+
 /// An exchange type, for an exchange the work queue is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExchangeType {
@@ -113,6 +127,17 @@ pub enum Declare {
     /// Declare and bind nothing: check that every part exists, and fail naming the ones
     /// that do not. For topologies owned by infrastructure code.
     None,
+}
+
+impl Declare {
+    /// `all`, `missing` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Declare::All => "all",
+            Declare::Missing => "missing",
+            Declare::None => "none",
+        }
+    }
 }
 
 impl std::str::FromStr for Declare {

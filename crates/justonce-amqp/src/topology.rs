@@ -1,13 +1,17 @@
 //! Declaring the topology: all or nothing, and every refusal explained.
 //!
 //! 1. What exists is checked first, passively, one channel per check (a passive declare of
-//!    something missing closes its channel).
+//!    something missing closes its channel, which lapin logs as an error). Under
+//!    [`Declare::All`] only the parts that may be someone else's are checked: the work
+//!    queue and the exchanges it is bound to. Under [`Declare::Missing`] and
+//!    [`Declare::None`], every part.
 //! 2. Under [`Declare::None`] that is all: whatever is missing is an error naming it.
 //! 3. Otherwise the parts are declared, the work queue first (the part most likely to
-//!    exist with other arguments), then bound. If a declaration is refused, everything
-//!    this call created is deleted again, so that a failed declare leaves nothing behind
-//!    that blocks the corrected settings, and the refusal (`PRECONDITION_FAILED`) is
-//!    translated into what exists, what was wanted, and the option that aligns them.
+//!    exist with other arguments), then bound. If a declaration is refused, what this call
+//!    may have created is deleted again (a satellite only while it is empty and unused), so
+//!    that a failed declare leaves nothing behind that blocks the corrected settings, and
+//!    the refusal (`PRECONDITION_FAILED`) is translated into what exists, what was wanted,
+//!    and the option that aligns them.
 
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
@@ -217,7 +221,17 @@ pub async fn declare(conn: &Connection, opts: &AmqpOptions) -> Result<()> {
     let parts = parts(opts);
     let mut existing = Vec::with_capacity(parts.len());
     for p in &parts {
-        existing.push(exists(conn, p).await?);
+        let maybe_theirs = matches!(
+            p,
+            Part::Queue {
+                role: "work queue",
+                ..
+            } | Part::Exchange { theirs: true, .. }
+        );
+        // Under `All` a satellite of justonce's is declared whether or not it exists, and
+        // undone only while idle: no need to ask (and have lapin log the 404).
+        let check = maybe_theirs || opts.declare != Declare::All;
+        existing.push(check && exists(conn, p).await?);
     }
     let missing: Vec<&Part> = parts
         .iter()

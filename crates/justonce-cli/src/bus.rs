@@ -5,9 +5,92 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce::amqp::{AmqpOptions, AmqpPublisher, AmqpSource};
+use justonce::amqp::{AmqpOptions, AmqpPublisher, AmqpSource, Declare, ExchangeType, QueueType};
 use justonce::sql::{PgQueue, PgQueueOptions, SqliteQueue, SqliteQueueOptions};
 use justonce::{Message, Publisher, Result, Source};
+
+/// Where the RabbitMQ work queue gets its messages and what is declared: the flags the
+/// demo, the worker, the publisher and the lab share (ignored on the SQL queues).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Topology {
+    /// RabbitMQ: bind the work queue to this existing exchange (declared as TYPE, one of
+    /// direct, topic, fanout, headers, if it does not exist); repeatable. Without it the
+    /// queue has a direct exchange of its own.
+    #[arg(long = "exchange", value_name = "NAME[:TYPE]")]
+    exchanges: Vec<String>,
+    /// RabbitMQ: the routing key or pattern of each --exchange binding; repeatable. The
+    /// first is also the key the demo and the lab publish with.
+    #[arg(long = "routing-key", value_name = "KEY")]
+    routing_keys: Vec<String>,
+    /// RabbitMQ: declare every part of the topology (all), only the missing ones (missing),
+    /// or none, only checking that each exists (none: the topology is owned elsewhere).
+    #[arg(long, value_name = "MODE", default_value = "all")]
+    declare: Declare,
+    /// RabbitMQ: the work queue's type, quorum or classic.
+    #[arg(long, value_name = "TYPE", default_value = "quorum")]
+    queue_type: QueueType,
+}
+
+impl Default for Topology {
+    /// The queue's own exchange, everything declared, a quorum queue.
+    fn default() -> Self {
+        Topology {
+            exchanges: Vec::new(),
+            routing_keys: Vec::new(),
+            declare: Declare::All,
+            queue_type: QueueType::Quorum,
+        }
+    }
+}
+
+impl Topology {
+    /// The RabbitMQ options of `queue` with these flags.
+    pub(crate) fn options(&self, queue: &str) -> Result<AmqpOptions> {
+        let mut o = AmqpOptions::new(queue)
+            .declare(self.declare)
+            .queue_type(self.queue_type);
+        if self.exchanges.is_empty() && !self.routing_keys.is_empty() {
+            return Err(justonce::Error::config(
+                "--routing-key binds to an --exchange: give the exchange too",
+            ));
+        }
+        let keys: Vec<&str> = if self.routing_keys.is_empty() {
+            vec![""]
+        } else {
+            self.routing_keys.iter().map(String::as_str).collect()
+        };
+        for x in &self.exchanges {
+            let (name, kind) = match x.split_once(':') {
+                Some((name, kind)) => (name, Some(kind.parse::<ExchangeType>()?)),
+                None => (x.as_str(), None),
+            };
+            for key in &keys {
+                o = match kind {
+                    Some(kind) => o.bind(name, kind, *key),
+                    None => o.bind_existing(name, *key),
+                };
+            }
+        }
+        Ok(o)
+    }
+
+    /// The same flags for a child process (a worker, the publisher).
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for x in &self.exchanges {
+            out.extend(["--exchange".to_owned(), x.clone()]);
+        }
+        for k in &self.routing_keys {
+            out.extend(["--routing-key".to_owned(), k.clone()]);
+        }
+        out.extend(["--declare".to_owned(), self.declare.as_str().to_owned()]);
+        out.extend([
+            "--queue-type".to_owned(),
+            self.queue_type.as_str().to_owned(),
+        ]);
+        out
+    }
+}
 
 #[derive(Debug, Clone)]
 pub(crate) enum Bus {
@@ -40,6 +123,7 @@ impl Bus {
         queue: &str,
         lease: Duration,
         prefetch: u16,
+        topology: &Topology,
     ) -> Result<Self> {
         if url.starts_with("sqlite:") {
             let mut o = SqliteQueueOptions::default();
@@ -50,8 +134,7 @@ impl Bus {
             o.lease = lease;
             Ok(Bus::Pg(PgQueue::open_with(url, queue, o).await?))
         } else {
-            let mut o = AmqpOptions::new(queue);
-            o.prefetch = prefetch;
+            let o = topology.options(queue)?.prefetch(prefetch);
             Ok(Bus::Amqp(AmqpSource::connect(url, o).await?))
         }
     }
@@ -161,7 +244,7 @@ pub(crate) enum Sink {
 }
 
 impl Sink {
-    pub(crate) async fn open(url: &str, queue: &str) -> Result<Self> {
+    pub(crate) async fn open(url: &str, queue: &str, topology: &Topology) -> Result<Self> {
         Bus::scheme(url).map_err(|e| justonce::Error::config(e.to_string()))?;
         if url.starts_with("sqlite:") {
             Ok(Sink::Sqlite(SqliteQueue::open(url, queue).await?))
@@ -169,7 +252,7 @@ impl Sink {
             Ok(Sink::Pg(PgQueue::open(url, queue).await?))
         } else {
             Ok(Sink::Amqp(Arc::new(
-                AmqpPublisher::connect(url, AmqpOptions::new(queue)).await?,
+                AmqpPublisher::connect(url, topology.options(queue)?).await?,
             )))
         }
     }
@@ -229,6 +312,16 @@ impl Sink {
             Sink::Sqlite(_) => Ok(()),
             Sink::Pg(q) => q.delete().await,
             Sink::Amqp(p) => p.delete_topology().await,
+        }
+    }
+
+    /// Closes the database connections (a server counts a session's statistics when it
+    /// ends).
+    pub(crate) async fn close(&self) {
+        match self {
+            Sink::Sqlite(q) => q.pool().close().await,
+            Sink::Pg(q) => q.pool().close().await,
+            Sink::Amqp(_) => {}
         }
     }
 }

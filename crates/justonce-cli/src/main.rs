@@ -48,7 +48,7 @@ fn main() -> std::process::ExitCode {
     init_tracing(
         if matches!(
             cli.command,
-            Command::Demo(_) | Command::Lab(_) | Command::Bench(_)
+            Command::Demo(_) | Command::Lab(_) | Command::Bench(_) | Command::BenchRun(_)
         ) {
             "error,lapin=off"
         } else {

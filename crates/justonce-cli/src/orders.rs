@@ -162,6 +162,8 @@ pub(crate) struct PaymentHandler<B: Bank> {
     guard: Guard<B>,
     api: Option<PaymentApi>,
     stable_keys: bool,
+    /// Name each payment's account as its lock key (on unless the bench turns it off).
+    lock_order: bool,
 }
 
 impl<B: Bank> PaymentHandler<B> {
@@ -188,7 +190,15 @@ impl<B: Bank> PaymentHandler<B> {
             guard,
             api,
             stable_keys: guarded,
+            lock_order: true,
         })
+    }
+
+    /// Without lock keys: batches run in the order they arrived (the bench's `--unordered`,
+    /// to show what the ordering buys).
+    pub(crate) fn unordered(mut self) -> Self {
+        self.lock_order = false;
+        self
     }
 
     /// How many times the handler ran (committed or not), shared by the clones.
@@ -202,6 +212,9 @@ impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
     /// The account row the payment updates: batches take their account locks in account
     /// order, so that concurrent batches never deadlock over two accounts.
     fn lock_key(&self, message: &Message) -> Option<String> {
+        if !self.lock_order {
+            return None;
+        }
         let p: Payment = message.decode_json().ok()?;
         Some(format!("{:020}", p.account))
     }
@@ -360,6 +373,9 @@ pub(crate) trait Bank: DedupStore + Clone {
 
     /// Commits a transaction of [`Bank::begin_direct`] with sqlx.
     async fn commit_direct(tx: Self::Tx) -> Result<()>;
+
+    /// Closes the pool's connections.
+    async fn close(&self);
 }
 
 /// Implements [`Bank`] for one database. `ph` makes the n-th placeholder; `serial` is an
@@ -543,6 +559,10 @@ macro_rules! bank {
 
             async fn commit_direct(tx: $tx) -> Result<()> {
                 Ok(tx.commit().await?)
+            }
+
+            async fn close(&self) {
+                self.pool().close().await;
             }
 
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {

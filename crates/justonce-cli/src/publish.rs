@@ -31,13 +31,15 @@ pub(crate) struct PublishArgs {
     /// Give up when a publish has failed for this long.
     #[arg(long, default_value_t = 120)]
     give_up_after_s: u64,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
 }
 
 pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
     let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
     let give_up = Duration::from_secs(args.give_up_after_s);
     let sink = retry(give_up, "connect", || {
-        Sink::open(&args.transport, &args.queue)
+        Sink::open(&args.transport, &args.queue, &args.topology)
     })
     .await?;
     for chunk in plan.orders.chunks(250) {

@@ -63,6 +63,8 @@ pub(crate) struct WorkerArgs {
     /// Exit 0 once the queue holds nothing (instead of waiting for SIGINT/SIGTERM).
     #[arg(long)]
     exit_when_drained: bool,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
@@ -77,7 +79,14 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch = (args.batch_size * 2).min(usize::from(u16::MAX)) as u16;
-    let queue = crate::bus::Bus::open(&args.transport, &args.queue, lease, prefetch).await?;
+    let queue = crate::bus::Bus::open(
+        &args.transport,
+        &args.queue,
+        lease,
+        prefetch,
+        &args.topology,
+    )
+    .await?;
     let tables = Tables::new(&args.tables)?;
     let store = B::open(&args.store, &tables).await?;
     store.setup(&tables, &[]).await?;

@@ -22,6 +22,7 @@ use run::RunResult;
 
 use crate::bus::Bus;
 use crate::demo::{progress_bar, store_scheme};
+use crate::orders;
 
 pub(crate) use run::run as run_child;
 
@@ -101,6 +102,21 @@ pub(crate) struct BenchArgs {
     /// (`ConsumerOptions::optimistic_batches = false`), to see what that costs.
     #[arg(long)]
     careful: bool,
+    /// Consumer processes on the one queue, as a service scaled out: the first is used
+    /// everywhere, the others are swept at the batched size. Without it each run consumes
+    /// in its own process, with the latency phase; with it the drain is timed from the
+    /// ledger and there is no latency phase.
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<usize>,
+    /// Run each batch in the order its messages arrived instead of the order of the
+    /// accounts they pay into (no `Handler::lock_key`), to see what the ordering buys.
+    #[arg(long)]
+    unordered: bool,
+    /// Pay into accounts drawn at random from the first N (a hot set, at most 10,000), so
+    /// that concurrent batches meet on the same rows; without it message i pays into
+    /// account i mod 10,000 and batches never share one.
+    #[arg(long)]
+    accounts: Option<i64>,
 }
 
 /// One configuration run by a variant.
@@ -110,6 +126,8 @@ struct Case {
     batch: usize,
     concurrency: usize,
     msg_bytes: usize,
+    /// Consumer processes; 0 consumes in the run's own process.
+    workers: usize,
 }
 
 /// A variant's medians, as `--json` prints them.
@@ -119,6 +137,8 @@ pub(crate) struct VariantReport {
     pub(crate) batch: usize,
     pub(crate) concurrency: usize,
     pub(crate) msg_bytes: usize,
+    /// Consumer processes (0: in the run's own process).
+    pub(crate) workers: usize,
     pub(crate) msgs_per_sec: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
@@ -126,6 +146,18 @@ pub(crate) struct VariantReport {
     pub(crate) rss_mb: f64,
     /// Messages per second of every repeat, in run order.
     pub(crate) runs: Vec<f64>,
+    /// Deadlocks the store's server counted in every repeat (`null` on SQLite).
+    pub(crate) deadlocks: Vec<Option<u64>>,
+}
+
+/// Throughput with more consumer processes, against the first `--workers` value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Scaling {
+    pub(crate) variant: String,
+    pub(crate) workers: usize,
+    pub(crate) base_workers: usize,
+    /// Median of the paired ratios of msgs/s (`workers` / `base_workers`).
+    pub(crate) ratio: f64,
 }
 
 /// The ratios the targets are about (medians of paired runs); `null` when a run
@@ -137,6 +169,8 @@ pub(crate) struct Ratios {
     pub(crate) justonce_vs_bare: Option<f64>,
     /// p50 latency effectively-once minus at-least-once, unbatched, in ms.
     pub(crate) p50_added_ms_unbatched: Option<f64>,
+    /// Each variant's throughput with more consumer processes (`--workers`).
+    pub(crate) workers_scaling: Vec<Scaling>,
 }
 
 /// The whole report.
@@ -150,6 +184,10 @@ pub(crate) struct BenchReport {
     pub(crate) batched: usize,
     /// The justonce variants ran with a savepoint and a claim per message (`--careful`).
     pub(crate) careful: bool,
+    /// The hot set of accounts (`--accounts`); `null`: message i pays into account i mod 10,000.
+    pub(crate) accounts: Option<i64>,
+    /// Batches ran in arrival order, without lock keys (`--unordered`).
+    pub(crate) unordered: bool,
     pub(crate) variants: Vec<VariantReport>,
     pub(crate) ratios: Ratios,
 }
@@ -157,6 +195,7 @@ pub(crate) struct BenchReport {
 fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
     let c0 = args.concurrency[0];
     let s0 = args.msg_bytes[0];
+    let w0 = args.workers.first().copied().unwrap_or(0);
     let mut out = Vec::new();
     for &batch in &args.batch {
         for &variant in &args.variants {
@@ -165,6 +204,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 batch,
                 concurrency: c0,
                 msg_bytes: s0,
+                workers: w0,
             });
         }
     }
@@ -181,6 +221,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 batch: batched,
                 concurrency,
                 msg_bytes: s0,
+                workers: w0,
             });
         }
     }
@@ -191,6 +232,20 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 batch: batched,
                 concurrency: c0,
                 msg_bytes,
+                workers: w0,
+            });
+        }
+    }
+    // The bare baseline handles no failure: the first deadlock between two of its
+    // processes stops it. Only the runtime's variants are scaled out.
+    for &workers in args.workers.iter().skip(1) {
+        for &variant in args.variants.iter().filter(|v| **v != Variant::Bare) {
+            out.push(Case {
+                variant,
+                batch: batched,
+                concurrency: c0,
+                msg_bytes: s0,
+                workers,
             });
         }
     }
@@ -205,8 +260,14 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.batch.is_empty() || args.concurrency.is_empty() || args.msg_bytes.is_empty() {
         bail!("--batch, --concurrency and --msg-bytes each need at least one value");
     }
-    if args.batch.contains(&0) || args.concurrency.contains(&0) {
-        bail!("batch sizes and concurrencies must be at least 1");
+    if args.batch.contains(&0) || args.concurrency.contains(&0) || args.workers.contains(&0) {
+        bail!("batch sizes, concurrencies and workers must be at least 1");
+    }
+    if args
+        .accounts
+        .is_some_and(|a| !(1..=orders::ACCOUNTS).contains(&a))
+    {
+        bail!("--accounts must be between 1 and {}", orders::ACCOUNTS);
     }
     if let Some(t) = &args.transport {
         Bus::scheme(t)?;
@@ -231,11 +292,15 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         for k in 0..cases.len() {
             let case = cases[(k + round) % cases.len()];
             bar.set_message(format!(
-                "{} batch {} x{} {} B",
+                "{} batch {} x{} {} B{}",
                 case.variant.as_str(),
                 case.batch,
                 case.concurrency,
-                case.msg_bytes
+                case.msg_bytes,
+                match case.workers {
+                    0 => String::new(),
+                    w => format!(", {w} workers"),
+                }
             ));
             n += 1;
             let r = child(&exe, &args, dir.path(), case, n).await?;
@@ -293,7 +358,10 @@ async fn child(
         .args(["--messages", &messages.to_string()])
         .args(["--latency-messages", &latency.to_string()])
         .args(["--name", &name])
+        .args(["--workers", &case.workers.to_string()])
+        .args(["--accounts", &args.accounts.unwrap_or(0).to_string()])
         .args(args.careful.then_some("--careful"))
+        .args(args.unordered.then_some("--unordered"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -312,11 +380,12 @@ async fn child(
             Ok(r)
         }
         _ => bail!(
-            "bench run {} (batch {}, concurrency {}, {} B) failed ({}): {}",
+            "bench run {} (batch {}, concurrency {}, {} B, {} workers) failed ({}): {}",
             case.variant.as_str(),
             case.batch,
             case.concurrency,
             case.msg_bytes,
+            case.workers,
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ),
@@ -369,20 +438,24 @@ fn report(
                 batch: c.batch,
                 concurrency: c.concurrency,
                 msg_bytes: c.msg_bytes,
+                workers: c.workers,
                 msgs_per_sec: col(|x| x.msgs_per_sec),
                 p50_ms: col(|x| x.p50_ms),
                 p99_ms: col(|x| x.p99_ms),
                 cpu_s_per_100k: col(|x| x.cpu_s_per_100k),
                 rss_mb: col(|x| x.rss_mb),
                 runs: r.iter().map(|x| x.msgs_per_sec).collect(),
+                deadlocks: r.iter().map(|x| x.deadlocks).collect(),
             }
         })
         .collect();
+    let w0 = args.workers.first().copied().unwrap_or(0);
     let at = |variant: Variant, batch: usize| Case {
         variant,
         batch,
         concurrency: args.concurrency[0],
         msg_bytes: args.msg_bytes[0],
+        workers: w0,
     };
     // Paired: the two runs of one round, made minutes apart at most.
     let paired = |a: Case, b: Case, f: fn(&RunResult, &RunResult) -> f64| -> Option<f64> {
@@ -413,6 +486,26 @@ fn report(
             at(Variant::AtLeastOnce, 1),
             |x, y| x.p50_ms - y.p50_ms,
         ),
+        workers_scaling: args
+            .workers
+            .iter()
+            .skip(1)
+            .flat_map(|&workers| {
+                args.variants.iter().filter_map(move |&variant| {
+                    if variant == Variant::Bare {
+                        return None;
+                    }
+                    let base = at(variant, batched);
+                    let more = Case { workers, ..base };
+                    Some(Scaling {
+                        variant: variant.as_str().into(),
+                        workers,
+                        base_workers: w0,
+                        ratio: paired(more, base, speed)?,
+                    })
+                })
+            })
+            .collect(),
     };
     let name = |url: &Option<String>, scheme: fn(&str) -> anyhow::Result<&'static str>| {
         url.as_deref()
@@ -426,6 +519,8 @@ fn report(
         repeats: args.repeats,
         batched,
         careful: args.careful,
+        accounts: args.accounts,
+        unordered: args.unordered,
         variants,
         ratios,
     }
@@ -447,24 +542,51 @@ fn table(r: &BenchReport) -> String {
             ""
         }
     );
+    if let Some(a) = r.accounts {
+        let _ = writeln!(s, "payments into a hot set of {a} accounts");
+    }
     let _ = writeln!(
         s,
-        "{:<17} {:>5} {:>4} {:>6} {:>10} {:>8} {:>8} {:>12} {:>7}",
-        "variant", "batch", "conc", "bytes", "msgs/s", "p50 ms", "p99 ms", "cpu s/100k", "rss MB"
+        "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
+        "variant",
+        "batch",
+        "conc",
+        "workers",
+        "bytes",
+        "msgs/s",
+        "p50 ms",
+        "p99 ms",
+        "cpu s/100k",
+        "rss MB",
+        "deadlocks"
     );
     for v in &r.variants {
+        let deadlocks: Option<u64> = v.deadlocks.iter().copied().sum();
         let _ = writeln!(
             s,
-            "{:<17} {:>5} {:>4} {:>6} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1}",
+            "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
             v.name,
             v.batch,
             v.concurrency,
+            if v.workers == 0 {
+                "-".to_owned()
+            } else {
+                v.workers.to_string()
+            },
             v.msg_bytes,
             v.msgs_per_sec,
             v.p50_ms,
             v.p99_ms,
             v.cpu_s_per_100k,
-            v.rss_mb
+            v.rss_mb,
+            deadlocks.map_or("-".to_owned(), |d| d.to_string())
+        );
+    }
+    for sc in &r.ratios.workers_scaling {
+        let _ = writeln!(
+            s,
+            "{} with {} workers / {}: {:.3}",
+            sc.variant, sc.workers, sc.base_workers, sc.ratio
         );
     }
     let f = |x: Option<f64>| x.map_or("n/a".to_owned(), |x| format!("{x:.3}"));

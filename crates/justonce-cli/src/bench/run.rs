@@ -9,6 +9,12 @@
 //!    publish to just after its batch's commit is recorded.
 //! 4. Check: the ledger (the business table) must hold one row per message published,
 //!    or the run fails.
+//!
+//! With `--workers N` the consumers are N processes of their own (`bench-run --consume`)
+//! on the one queue, as a service scaled out is: the drain is timed from the ledger (the
+//! rows it holds, read every 10 ms) and there is no latency phase. The deadlocks of a run
+//! are the store server's own count (`pg_stat_database`, `Innodb_deadlocks`), before and
+//! after.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
 use super::Variant;
-use crate::bus::{Bus, Sink};
+use crate::bus::{Bus, Sink, Topology};
 use crate::demo::store_scheme;
 use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
 
@@ -65,18 +71,51 @@ pub(crate) struct BenchRunArgs {
     /// batches), to measure what they cost.
     #[arg(long)]
     pub(crate) careful: bool,
+    /// Batches run in the order they arrived, not in the order of their accounts.
+    #[arg(long)]
+    pub(crate) unordered: bool,
+    /// Consumer processes of their own; 0 consumes in this process.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) workers: usize,
+    /// Pay into accounts drawn at random from the first N (a hot set); 0 pays message i
+    /// into account i mod 10,000, so that concurrent batches never share an account.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) accounts: i64,
+    /// Be one consumer process of a `--workers` run: say `ready`, start on a line on stdin,
+    /// stop when stdin closes, then print the process's CPU time and peak RSS.
+    #[arg(long, hide = true)]
+    pub(crate) consume: bool,
 }
 
 /// What one run measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct RunResult {
     pub(crate) msgs_per_sec: f64,
+    /// `null` (NaN) when the run had no latency phase (`--workers`).
+    #[serde(deserialize_with = "nan_if_null")]
     pub(crate) p50_ms: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub(crate) p99_ms: f64,
     pub(crate) cpu_s_per_100k: f64,
     pub(crate) rss_mb: f64,
     /// Ledger rows after the run (must equal the messages published).
     pub(crate) effects: u64,
+    /// Deadlocks the store's server counted during the run (`None` on SQLite, which has
+    /// one writer and no deadlocks).
+    #[serde(default)]
+    pub(crate) deadlocks: Option<u64>,
+}
+
+/// serde_json writes a NaN as `null`; read it back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// What a consumer process of a `--workers` run reports when it stops.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ConsumerUsage {
+    cpu_s: f64,
+    rss_mb: f64,
 }
 
 /// One payment of the bench, padded to the run's message size (the handlers ignore `pad`).
@@ -87,16 +126,26 @@ struct Padded<'a> {
     pad: &'a str,
 }
 
-/// Payment `i`. It pays into account `i mod 10,000`: consecutive messages touch different
-/// rows, so concurrent batches do not deadlock on the same accounts (the demo and the lab
-/// pick accounts at random, to provoke that; here it would price the hot rows, not the
-/// consumer).
-fn message(i: u64, rng: &mut fastrand::Rng, msg_bytes: usize) -> anyhow::Result<Message> {
+/// Payment `i`. By default it pays into account `i mod 10,000`: consecutive messages touch
+/// different rows, so concurrent batches never wait for each other's account locks, which
+/// prices the consumer rather than the hot rows. With `accounts` it pays into one of the
+/// first `accounts` at random: a hot set, where concurrent batches meet on the same rows.
+fn message(
+    i: u64,
+    rng: &mut fastrand::Rng,
+    msg_bytes: usize,
+    accounts: i64,
+) -> anyhow::Result<Message> {
     let order_id = format!("b-{i:09}");
+    let account = if accounts > 0 {
+        rng.i64(1..=accounts.min(ACCOUNTS))
+    } else {
+        (i % ACCOUNTS as u64) as i64 + 1
+    };
     let mut p = Padded {
         payment: Payment {
             order_id: order_id.clone(),
-            account: (i % ACCOUNTS as u64) as i64 + 1,
+            account,
             amount: rng.i64(1..=10_000),
             version: 0,
         },
@@ -223,6 +272,13 @@ pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
     if args.batch == 0 || args.concurrency == 0 {
         bail!("--batch and --concurrency must be at least 1");
     }
+    if args.consume {
+        return match store_scheme(&args.store)? {
+            "sqlite" => consume::<SqliteStore>(&args).await,
+            "postgres" => consume::<PgStore>(&args).await,
+            _ => consume::<MySqlStore>(&args).await,
+        };
+    }
     let result = match store_scheme(&args.store)? {
         "sqlite" => run_with::<SqliteStore>(&args).await,
         "postgres" => run_with::<PgStore>(&args).await,
@@ -244,7 +300,7 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
     // (SQLite) or by NOTIFY (PostgreSQL).
     let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
     let (bus, sink) = if Bus::scheme(&args.transport)? == "amqp" {
-        let sink = Sink::open(&args.transport, &args.name).await;
+        let sink = Sink::open(&args.transport, &args.name, &Topology::default()).await;
         (None, sink.context("opening the transport")?)
     } else {
         let bus = Bus::open(
@@ -252,6 +308,7 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
             &args.name,
             Duration::from_secs(60),
             prefetch,
+            &Topology::default(),
         )
         .await
         .context("opening the transport")?;
@@ -262,15 +319,209 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
         };
         (Some(bus), sink)
     };
-    let outcome = measure(args, &bank, &tables, bus, prefetch, &sink).await;
+    let deadlocks_before = deadlocks(&args.store).await?;
+    let outcome = if args.workers > 0 {
+        drop(bus);
+        measure_processes(args, &bank, &tables, &sink).await
+    } else {
+        measure(args, &bank, &tables, bus, prefetch, &sink).await
+    };
     let cleanup = async {
         sink.cleanup().await?;
         bank.drop_tables(&tables).await
     };
     let cleaned = cleanup.await;
-    let result = outcome?;
+    let mut result = outcome?;
     cleaned.context("cleaning up the run's queue and tables")?;
+    // A server counts a backend's deadlocks when the backend reports its statistics, at
+    // the latest when it exits: close this process's connections before asking.
+    bank.close().await;
+    sink.close().await;
+    result.deadlocks = match (deadlocks_before, deadlocks(&args.store).await?) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     Ok(result)
+}
+
+/// The deadlocks the store's server has counted so far: PostgreSQL's for the database,
+/// MariaDB's for the server. `None` on SQLite.
+async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
+    use sqlx::Connection as _;
+    Ok(match store_scheme(store)? {
+        "postgres" => {
+            let mut c = sqlx::PgConnection::connect(store).await?;
+            let n: i64 = sqlx::query_scalar(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&mut c)
+            .await?;
+            c.close().await?;
+            Some(n as u64)
+        }
+        "mysql" => {
+            let url = store.replacen("mariadb://", "mysql://", 1);
+            let mut c = sqlx::MySqlConnection::connect(&url).await?;
+            let (_, n): (String, String) =
+                sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+                    .fetch_one(&mut c)
+                    .await?;
+            c.close().await?;
+            Some(n.parse()?)
+        }
+        _ => None,
+    })
+}
+
+/// The load of a run: `from..to`, published in chunks.
+async fn load(
+    args: &BenchRunArgs,
+    rng: &mut fastrand::Rng,
+    sink: &Sink,
+    range: std::ops::Range<u64>,
+    clock: Option<&Clock>,
+) -> anyhow::Result<()> {
+    let mut next = range.start;
+    while next < range.end {
+        let n = (range.end - next).min(500);
+        let chunk = (next..next + n)
+            .map(|i| message(i, rng, args.msg_bytes, args.accounts))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(clock) = clock {
+            clock.sent(&chunk);
+        }
+        sink.publish(&chunk, &[]).await?;
+        next += n;
+    }
+    Ok(())
+}
+
+/// A `--workers` run: the consumers are processes of their own, started after the load,
+/// all at once; the drain is timed from the ledger.
+async fn measure_processes<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    sink: &Sink,
+) -> anyhow::Result<RunResult> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+    let mut rng = fastrand::Rng::with_seed(7);
+    load(args, &mut rng, sink, 0..args.messages, None).await?;
+    settle(args).await?;
+
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..args.workers {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("bench-run")
+            .args(["--transport", &args.transport, "--store", &args.store])
+            .args(["--variant", args.variant.as_str()])
+            .args(["--batch", &args.batch.to_string()])
+            .args(["--concurrency", &args.concurrency.to_string()])
+            .args(["--msg-bytes", &args.msg_bytes.to_string()])
+            .args(["--messages", "0", "--latency-messages", "0"])
+            .args(["--name", &args.name, "--consume"])
+            .args(args.careful.then_some("--careful"))
+            .args(args.unordered.then_some("--unordered"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("starting a consumer process")?;
+        let stdin = child.stdin.take().context("consumer stdin")?;
+        let mut lines = BufReader::new(child.stdout.take().context("consumer stdout")?).lines();
+        match lines.next_line().await? {
+            Some(line) if line == "ready" => {}
+            other => bail!("a consumer process did not start: {other:?}"),
+        }
+        children.push((child, stdin, lines));
+    }
+    let t0 = Instant::now();
+    for (_, stdin, _) in &mut children {
+        stdin.write_all(b"go\n").await?;
+        stdin.flush().await?;
+    }
+    let limit = Duration::from_secs(600);
+    loop {
+        if bank.ledger_rows(tables).await? >= args.messages {
+            break;
+        }
+        if t0.elapsed() > limit {
+            bail!(
+                "the consumers did not drain {} messages in {limit:?}",
+                args.messages
+            );
+        }
+        for (child, _, _) in &mut children {
+            if let Some(status) = child.try_wait()? {
+                bail!("a consumer process stopped before the drain finished: {status}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let (mut cpu, mut rss) = (0.0, 0.0f64);
+    for (mut child, stdin, mut lines) in children {
+        drop(stdin);
+        let line = lines.next_line().await?.unwrap_or_default();
+        let usage: ConsumerUsage = serde_json::from_str(&line)
+            .with_context(|| format!("a consumer process's report: {line:?}"))?;
+        cpu += usage.cpu_s;
+        rss = rss.max(usage.rss_mb);
+        child.wait().await?;
+    }
+    let effects = bank.ledger_rows(tables).await?;
+    if effects != args.messages {
+        bail!(
+            "the ledger holds {effects} payments after {} messages: the run is not valid",
+            args.messages
+        );
+    }
+    Ok(RunResult {
+        msgs_per_sec: args.messages as f64 / seconds,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        cpu_s_per_100k: cpu / args.messages as f64 * 100_000.0,
+        rss_mb: rss,
+        effects,
+        deadlocks: None,
+    })
+}
+
+/// One consumer process of a `--workers` run.
+async fn consume<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    let tables = Tables::new(&args.name)?;
+    let bank = B::open(&args.store, &tables).await?;
+    let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
+    let bus = if Bus::scheme(&args.transport)? == "amqp" {
+        None
+    } else {
+        let topology = Topology::default();
+        let lease = Duration::from_secs(60);
+        Some(Bus::open(&args.transport, &args.name, lease, prefetch, &topology).await?)
+    };
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    println!("ready");
+    if stdin.next_line().await?.is_none() {
+        return Ok(());
+    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cpu0 = cpu_seconds();
+    let clock = Arc::new(Clock::default());
+    let consumer = start(args, &bank, &tables, bus, prefetch, clock, stop_rx).await?;
+    tokio::select! {
+        _ = async { while let Ok(Some(_)) = stdin.next_line().await {} } => {}
+        r = consumer_failed(&consumer) => r?,
+    }
+    let _ = stop_tx.send(true);
+    consumer.await.context("consumer task")??;
+    let usage = ConsumerUsage {
+        cpu_s: cpu_seconds() - cpu0,
+        rss_mb: peak_rss_mb(),
+    };
+    println!("{}", serde_json::to_string(&usage)?);
+    Ok(())
 }
 
 async fn measure<B: Bank>(
@@ -282,16 +533,9 @@ async fn measure<B: Bank>(
     sink: &Sink,
 ) -> anyhow::Result<RunResult> {
     let mut rng = fastrand::Rng::with_seed(7);
-    let mut next = 0u64;
+    let mut next = args.messages;
     // 1. Load.
-    while next < args.messages {
-        let n = (args.messages - next).min(500);
-        let chunk = (next..next + n)
-            .map(|i| message(i, &mut rng, args.msg_bytes))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        sink.publish(&chunk, &[]).await?;
-        next += n;
-    }
+    load(args, &mut rng, sink, 0..args.messages, None).await?;
 
     settle(args).await?;
 
@@ -326,11 +570,7 @@ async fn measure<B: Bank>(
             continue;
         }
         let n = (window - in_flight).min(total - next);
-        let chunk = (next..next + n)
-            .map(|i| message(i, &mut rng, args.msg_bytes))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        clock.sent(&chunk);
-        sink.publish(&chunk, &[]).await?;
+        load(args, &mut rng, sink, next..next + n, Some(&clock)).await?;
         next += n;
     }
     let waited = tokio::select! {
@@ -360,6 +600,7 @@ async fn measure<B: Bank>(
         cpu_s_per_100k: cpu / args.messages as f64 * 100_000.0,
         rss_mb: peak_rss_mb(),
         effects,
+        deadlocks: None,
     })
 }
 
@@ -435,6 +676,7 @@ async fn start<B: Bank>(
                 &args.name,
                 Duration::from_secs(60),
                 prefetch,
+                &Topology::default(),
             )
             .await?
         }
@@ -473,12 +715,15 @@ async fn start<B: Bank>(
     opts.receive_wait = Duration::from_millis(100);
     opts.max_payload_bytes = args.msg_bytes.max(1024) * 2;
     opts.optimistic_batches = !args.careful;
-    let handler = PaymentHandler::<B>::new(
+    let mut handler = PaymentHandler::<B>::new(
         tables.clone(),
         Strategy::DedupTable,
         semantics == Semantics::EffectivelyOnce,
         None,
     )?;
+    if args.unordered {
+        handler = handler.unordered();
+    }
     let consumer = Consumer::with_shared(opts, bus.source(), Arc::new(bank.clone()), handler)?
         .with_fault_hook(Arc::new(CommitClock(clock)));
     Ok(tokio::spawn(async move {

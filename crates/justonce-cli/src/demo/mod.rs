@@ -57,6 +57,8 @@ pub(crate) struct DemoArgs {
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
 }
 
 /// Where one row's run keeps its queue and business data.
@@ -192,7 +194,14 @@ async fn run_one<B: Bank>(
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch =
         (args.batch_size * args.concurrency.unwrap_or(2) * 2).min(u16::MAX as usize) as u16;
-    let bus = Bus::open(&target.transport, &queue_name, lease, prefetch).await?;
+    let bus = Bus::open(
+        &target.transport,
+        &queue_name,
+        lease,
+        prefetch,
+        &args.topology,
+    )
+    .await?;
     // Each row has tables of its own: on a shared server, runs and rows never meet.
     let tables = Tables::new(&format!(
         "jo_demo_{run_id}_{}",

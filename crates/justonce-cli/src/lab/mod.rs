@@ -118,6 +118,8 @@ pub(crate) struct LabArgs {
     /// Write throughput over time, with each fault marked, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
 }
 
 /// What one scenario found, as `--json` prints it.

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use super::plot::Samples;
 use super::proxy::{through, FaultProxy};
 use super::{FaultClass, FaultCounts, LabArgs, LabReport};
-use crate::bus::{Bus, Sink};
+use crate::bus::{Bus, Sink, Topology};
 use crate::demo::plan::Plan;
 use crate::orders::{Bank, Tables};
 
@@ -58,6 +58,7 @@ pub(crate) struct Scenario {
     faults: Vec<FaultClass>,
     kills: u32,
     lease: Duration,
+    topology: Topology,
 }
 
 impl Scenario {
@@ -107,6 +108,7 @@ impl Scenario {
             faults,
             kills,
             lease: Duration::from_millis(args.lease_ms),
+            topology: args.topology.clone(),
         })
     }
 
@@ -166,7 +168,7 @@ impl Scenario {
         // The checker's own connections, straight to the services.
         let store = B::open(&store_url, &tables).await?;
         store.setup(&tables, &[]).await?;
-        let sink = Sink::open(&transport, &queue).await?;
+        let sink = Sink::open(&transport, &queue, &self.topology).await?;
 
         // The workers' and the publisher's connections go through the fault proxies.
         let (t_proxy, worker_transport) = proxied(&transport).await?;
@@ -225,6 +227,7 @@ impl Scenario {
             tables: format!("jo_lab_{run_id}"),
             semantics: self.semantics,
             lease: self.lease,
+            topology: self.topology.to_args(),
         };
         let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<Mark>();
         let mut workers: Vec<Worker> = Vec::new();
@@ -252,6 +255,7 @@ impl Scenario {
                 "--seed",
                 &self.seed.to_string(),
             ])
+            .args(self.topology.to_args())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -530,6 +534,8 @@ struct WorkerSpec {
     tables: String,
     semantics: Semantics,
     lease: Duration,
+    /// The RabbitMQ topology flags.
+    topology: Vec<String>,
 }
 
 impl WorkerSpec {
@@ -566,6 +572,7 @@ impl WorkerSpec {
         ])
         .args(["--lease-ms", &self.lease.as_millis().to_string(), "--audit"])
         .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
+        .args(&self.topology)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
