@@ -5,7 +5,8 @@
 //! Faults: SIGKILL of a worker at a chosen point of its batch (announced by the worker's
 //! fault hook, `JUSTONCE_FAULT_PAUSE`), SIGSTOP/SIGCONT longer than the lease, a TCP proxy
 //! between the processes and the services (cut every connection, add delay, black-hole),
-//! RabbitMQ `stop_app`/`start_app`, a PostgreSQL restart, and duplicate publishes (the plan's,
+//! RabbitMQ `stop_app`/`start_app`, a PostgreSQL restart, a business table renamed away for
+//! a few seconds (a deploy whose migration is missing), and duplicate publishes (the plan's,
 //! and every re-send after a failed publish).
 
 mod plot;
@@ -39,10 +40,13 @@ pub(crate) enum FaultClass {
     BrokerRestart,
     /// `pg_ctlcluster … restart` of PostgreSQL.
     DbRestart,
+    /// The accounts table renamed away for 4 s, then back: a deploy whose migration has not
+    /// run. Every worker must pause and resume by itself, dead-lettering nothing.
+    Schema,
 }
 
 impl FaultClass {
-    pub(crate) const ALL: [FaultClass; 7] = [
+    pub(crate) const ALL: [FaultClass; 8] = [
         FaultClass::Kill,
         FaultClass::Pause,
         FaultClass::Cut,
@@ -50,6 +54,7 @@ impl FaultClass {
         FaultClass::Blackhole,
         FaultClass::BrokerRestart,
         FaultClass::DbRestart,
+        FaultClass::Schema,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -61,6 +66,7 @@ impl FaultClass {
             FaultClass::Blackhole => "blackhole",
             FaultClass::BrokerRestart => "broker-restart",
             FaultClass::DbRestart => "db-restart",
+            FaultClass::Schema => "schema",
         }
     }
 
@@ -72,6 +78,7 @@ impl FaultClass {
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
             FaultClass::BrokerRestart => transport == "amqp",
             FaultClass::DbRestart => transport == "postgres" || store == "postgres",
+            FaultClass::Schema => store == "postgres" || store == "mysql",
         }
     }
 }
@@ -141,6 +148,10 @@ pub(crate) struct LabReport {
     pub(crate) dead_lettered: u64,
     pub(crate) drain_seconds: f64,
     pub(crate) msgs_per_sec: f64,
+    /// Batches the workers handed back because the schema was wrong, as they logged them.
+    pub(crate) schema_pauses: u64,
+    /// Workers that exited on their own (and were started again).
+    pub(crate) worker_exits: u64,
     pub(crate) verdict: &'static str,
     pub(crate) why: String,
 }
@@ -153,6 +164,8 @@ pub(crate) struct FaultCounts {
     pub(crate) cuts: u64,
     pub(crate) broker_restarts: u64,
     pub(crate) db_restarts: u64,
+    /// Times the accounts table was renamed away (and back).
+    pub(crate) schema_breaks: u64,
     pub(crate) duplicate_publishes: u64,
 }
 
@@ -268,7 +281,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
 /// One line of the matrix.
 fn line(r: &LabReport) -> String {
     format!(
-        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} | deliveries {:>6} redelivered {:>5} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
+        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} | deliveries {:>6} redelivered {:>5} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
         r.verdict.to_uppercase(),
         r.scenario,
         r.transport,
@@ -279,6 +292,7 @@ fn line(r: &LabReport) -> String {
         r.faults.cuts,
         r.faults.broker_restarts,
         r.faults.db_restarts,
+        r.faults.schema_breaks,
         r.deliveries,
         r.redeliveries,
         r.effects,

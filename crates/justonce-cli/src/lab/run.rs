@@ -132,6 +132,8 @@ impl Scenario {
             dead_lettered: 0,
             drain_seconds: 0.0,
             msgs_per_sec: 0.0,
+            schema_pauses: 0,
+            worker_exits: 0,
             verdict: "fail",
             why,
         }
@@ -228,7 +230,13 @@ impl Scenario {
             semantics: self.semantics,
             lease: self.lease,
             topology: self.topology.to_args(),
+            schema_pauses: Arc::default(),
         };
+        let schema = SchemaFault {
+            url: store_url.clone(),
+            table: tables.accounts.clone(),
+        };
+        let mut worker_exits = 0u64;
         let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<Mark>();
         let mut workers: Vec<Worker> = Vec::new();
         let mut next_point = point_kills.iter();
@@ -310,6 +318,7 @@ impl Scenario {
             // start it again.
             for (slot, worker) in workers.iter_mut().enumerate() {
                 if let Ok(Some(_)) = worker.child.try_wait() {
+                    worker_exits += 1;
                     generation += 1;
                     let kill = worker.kill_point.map(|p| (p, rng.u32(1..=3)));
                     *worker = spec.spawn(slot, generation, kill, marks_tx.clone())?;
@@ -349,6 +358,7 @@ impl Scenario {
                         .fire(
                             &mut workers,
                             &proxies,
+                            &schema,
                             &busy,
                             self.lease,
                             &mut rng,
@@ -411,15 +421,24 @@ impl Scenario {
         let backlog = sink.backlog().await?;
         let elapsed = started.elapsed().as_secs_f64();
         let mut why = Vec::new();
+        let poison: std::collections::HashSet<&str> = plan
+            .orders
+            .iter()
+            .filter(|o| o.poison)
+            .map(|o| o.order_id.as_str())
+            .collect();
+        let good_dead = letters
+            .iter()
+            .filter(|m| m.id().is_some_and(|id| !poison.contains(id.as_str())))
+            .count();
+        if good_dead > 0 && lost == 0 {
+            why.push(format!(
+                "{good_dead} well-formed orders dead-lettered (and applied all the same)"
+            ));
+        }
         if lost > 0 {
             why.push(format!("{lost} orders lost"));
             // Well-formed orders in the dead-letter queue are not silently lost: say why.
-            let poison: std::collections::HashSet<&str> = plan
-                .orders
-                .iter()
-                .filter(|o| o.poison)
-                .map(|o| o.order_id.as_str())
-                .collect();
             let mut reasons: Vec<String> = letters
                 .iter()
                 .filter(|m| m.id().is_some_and(|id| !poison.contains(id.as_str())))
@@ -453,6 +472,19 @@ impl Scenario {
         if redeliveries == 0 {
             why.push("the faults caused no redelivery: the run proves nothing".to_owned());
         }
+        let schema_pauses = spec.schema_pauses.load(Ordering::SeqCst);
+        if self.faults.contains(&FaultClass::Schema) {
+            if counts.schema_breaks == 0 {
+                why.push("the accounts table was never renamed away".to_owned());
+            } else if schema_pauses == 0 {
+                why.push("no worker met the renamed table: the run proves nothing".to_owned());
+            }
+            if worker_exits > 0 {
+                why.push(format!(
+                    "{worker_exits} workers exited instead of pausing until the table came back"
+                ));
+            }
+        }
         if backlog > 0 {
             why.push(format!("{backlog} messages never drained"));
             let tails = tails(&workers);
@@ -468,6 +500,8 @@ impl Scenario {
             dead_lettered,
             drain_seconds: drained_at.duration_since(last_fault).as_secs_f64(),
             msgs_per_sec: self.messages as f64 / elapsed.max(1e-9),
+            schema_pauses,
+            worker_exits,
             verdict: if why.is_empty() { "pass" } else { "fail" },
             why: why.join("; "),
             ..self.failed(String::new())
@@ -536,6 +570,8 @@ struct WorkerSpec {
     lease: Duration,
     /// The RabbitMQ topology flags.
     topology: Vec<String>,
+    /// Batches handed back for a schema error, as the workers logged them.
+    schema_pauses: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl WorkerSpec {
@@ -584,9 +620,13 @@ impl WorkerSpec {
         let stderr = child.stderr.take().context("worker stderr")?;
         let tail = Arc::new(Mutex::new(Vec::<String>::new()));
         let tail2 = tail.clone();
+        let schema_pauses = self.schema_pauses.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("kind=schema") {
+                    schema_pauses.fetch_add(1, Ordering::SeqCst);
+                }
                 if line.starts_with("justonce-fault-point ") {
                     let _ = marks.send(Mark::FaultPoint(slot, generation));
                 } else if line.starts_with("justonce-worker ready") {
@@ -678,10 +718,12 @@ fn signal(pid: u32, name: &str) {
 impl FaultClass {
     /// Does it at its milestone; returns its label for the plot. Faults with a duration (pause, delay, black
     /// hole) end in a task of their own, counted in `busy` until they have.
+    #[allow(clippy::too_many_arguments)]
     async fn fire(
         self,
         workers: &mut [Worker],
         proxies: &[Arc<FaultProxy>],
+        schema: &SchemaFault,
         busy: &Arc<AtomicUsize>,
         lease: Duration,
         rng: &mut fastrand::Rng,
@@ -747,7 +789,70 @@ impl FaultClass {
                 }
                 "db restart".into()
             }
+            FaultClass::Schema => {
+                let span = Duration::from_secs(4);
+                match schema.rename(false).await {
+                    Ok(()) => {
+                        counts.schema_breaks += 1;
+                        busy.fetch_add(1, Ordering::SeqCst);
+                        let (busy, schema) = (busy.clone(), schema.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(span).await;
+                            // The table must come back, or nothing ever drains.
+                            while let Err(e) = schema.rename(true).await {
+                                eprintln!("lab: the accounts table did not come back yet: {e:#}");
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
+                            busy.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    Err(e) => eprintln!("lab: could not rename the accounts table: {e:#}"),
+                }
+                format!("schema {:.0}s", span.as_secs_f64())
+            }
         }
+    }
+}
+
+/// The deploy mistake of the `schema` fault: the accounts table renamed away, then back,
+/// with a connection of the lab's own, straight to the store.
+#[derive(Debug, Clone)]
+struct SchemaFault {
+    url: String,
+    table: String,
+}
+
+impl SchemaFault {
+    /// Renames the table away (`back` false) or back.
+    async fn rename(&self, back: bool) -> anyhow::Result<()> {
+        use sqlx::Connection as _;
+        let away = format!("{}_away", self.table);
+        let (from, to) = if back {
+            (away.as_str(), self.table.as_str())
+        } else {
+            (self.table.as_str(), away.as_str())
+        };
+        match crate::demo::store_scheme(&self.url)? {
+            "postgres" => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await?;
+                sqlx::query(&format!("ALTER TABLE {from} RENAME TO {to}"))
+                    .execute(&mut c)
+                    .await?;
+                c.close().await?;
+            }
+            "mysql" => {
+                let url = self.url.replacen("mariadb://", "mysql://", 1);
+                let mut c = sqlx::MySqlConnection::connect(&url).await?;
+                sqlx::query(&format!("RENAME TABLE {from} TO {to}"))
+                    .execute(&mut c)
+                    .await?;
+                c.close().await?;
+            }
+            other => {
+                anyhow::bail!("the schema fault needs a PostgreSQL or MariaDB store, not {other}")
+            }
+        }
+        Ok(())
     }
 }
 
