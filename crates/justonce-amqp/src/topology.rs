@@ -2,15 +2,16 @@
 //!
 //! 1. What exists is checked first, passively, one channel per check (a passive declare of
 //!    something missing closes its channel, which lapin logs as an error). Under
-//!    [`Declare::All`] only the parts that may be someone else's are checked: the work
-//!    queue and the exchanges it is bound to. Under [`Declare::Missing`] and
-//!    [`Declare::None`], every part.
+//!    [`Declare::All`] only the exchanges the queue is bound to are checked (they may be
+//!    someone else's); under [`Declare::Missing`] and [`Declare::None`], every part.
 //! 2. Under [`Declare::None`] that is all: whatever is missing is an error naming it.
-//! 3. Otherwise the parts are declared, the work queue first (the part most likely to
-//!    exist with other arguments), then bound. If a declaration is refused, what this call
-//!    may have created is deleted again (a satellite only while it is empty and unused), so
-//!    that a failed declare leaves nothing behind that blocks the corrected settings, and
-//!    the refusal (`PRECONDITION_FAILED`) is translated into what exists, what was wanted,
+//! 3. Otherwise the satellites are declared (justonce's exchange, the dead-letter exchange
+//!    and queue, the retry tiers), then the work queue, last, then the bindings. If a
+//!    declaration is refused, the satellites this call declared are deleted again while
+//!    they are empty and unused, so that a failed declare leaves nothing behind that
+//!    blocks the corrected settings; the work queue, the part most likely to exist with
+//!    other arguments, is never created unless everything before it was accepted. The
+//!    refusal (`PRECONDITION_FAILED`) is translated into what exists, what was wanted,
 //!    and the option that aligns them.
 
 use lapin::options::{
@@ -93,7 +94,7 @@ fn quorum(args: &mut FieldTable) {
     args.insert("x-overflow".into(), s("reject-publish"));
 }
 
-/// The parts of `opts`, in the order they are declared: the work queue first.
+/// The parts of `opts`, in the order they are declared: the work queue last.
 fn parts(opts: &AmqpOptions) -> Vec<Part> {
     let quorum_queue = opts.queue_type == QueueType::Quorum;
     let mut work = FieldTable::default();
@@ -108,11 +109,12 @@ fn parts(opts: &AmqpOptions) -> Vec<Part> {
             work.insert("x-overflow".into(), s("reject-publish"));
         }
     }
-    let mut out = vec![Part::Queue {
+    let work = Part::Queue {
         name: opts.queue.clone(),
         args: work,
         role: "work queue",
-    }];
+    };
+    let mut out = Vec::new();
     if let Some(own) = opts.own_exchange() {
         out.push(Part::Exchange {
             name: own.to_owned(),
@@ -174,6 +176,7 @@ fn parts(opts: &AmqpOptions) -> Vec<Part> {
             role: "retry tier",
         });
     }
+    out.push(work);
     out
 }
 
@@ -221,16 +224,11 @@ pub async fn declare(conn: &Connection, opts: &AmqpOptions) -> Result<()> {
     let parts = parts(opts);
     let mut existing = Vec::with_capacity(parts.len());
     for p in &parts {
-        let maybe_theirs = matches!(
-            p,
-            Part::Queue {
-                role: "work queue",
-                ..
-            } | Part::Exchange { theirs: true, .. }
-        );
-        // Under `All` a satellite of justonce's is declared whether or not it exists, and
-        // undone only while idle: no need to ask (and have lapin log the 404).
-        let check = maybe_theirs || opts.declare != Declare::All;
+        // Under `All` justonce's own parts are declared whether or not they exist (a
+        // satellite is undone only while idle, the work queue comes last): no need to ask,
+        // and have lapin log a 404 on a first start.
+        let theirs = matches!(p, Part::Exchange { theirs: true, .. });
+        let check = theirs || opts.declare != Declare::All;
         existing.push(check && exists(conn, p).await?);
     }
     let missing: Vec<&Part> = parts
@@ -545,8 +543,8 @@ mod tests {
             }
         );
         let opts = AmqpOptions::new("orders");
-        let part = &parts(&opts)[0];
-        let said = i.explain(part, &opts);
+        let ps = parts(&opts);
+        let said = i.explain(ps.last().unwrap(), &opts);
         assert!(
             said.contains("work queue orders exists as a classic queue"),
             "{said}"
@@ -572,15 +570,15 @@ mod tests {
     }
 
     #[test]
-    fn the_work_queue_is_declared_first_and_retry_tiers_follow_its_type() {
+    fn the_work_queue_is_declared_last_and_retry_tiers_follow_its_type() {
         let opts = AmqpOptions::new("orders");
         let ps = parts(&opts);
         assert!(matches!(
-            &ps[0],
-            Part::Queue {
+            ps.last(),
+            Some(Part::Queue {
                 role: "work queue",
                 ..
-            }
+            })
         ));
         let tier = ps
             .iter()

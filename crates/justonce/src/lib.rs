@@ -15,15 +15,18 @@
 //! use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
 //! use justonce::{async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
 //!
+//! #[derive(serde::Deserialize)]
+//! struct Payment { account: i64, amount: i64 }
+//!
 //! struct Credit;
 //!
 //! #[async_trait]
 //! impl Handler<SqliteTx> for Credit {
 //!     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
-//!         let order: serde_json::Value = cx.message().decode_json()?;
+//!         let p: Payment = cx.message().decode_json()?; // undecodable: dead-lettered
 //!         sqlx::query("UPDATE accounts SET balance = balance + ? WHERE id = ?")
-//!             .bind(order["amount"].as_i64())
-//!             .bind(order["account"].as_i64())
+//!             .bind(p.amount)
+//!             .bind(p.account)
 //!             .execute(&mut **tx)
 //!             .await?;
 //!         Ok(Disposition::Ok)
@@ -42,10 +45,34 @@
 //!
 //! See [`consumer`] for what each [`Semantics`] does and when a crash loses or duplicates.
 //!
+//! # When it is not the message's fault
+//!
+//! An error from a handler, a store or a transport that is not about the message (a missing
+//! table, a revoked privilege, a full disk, an outage, a deadlock: see
+//! [`ErrorKind::is_message_fault`]) never dead-letters it: the batch goes back to the queue
+//! without counting an attempt ([`Source::release`]), the consumer logs what is wrong and
+//! pauses with backoff, and it goes on by itself once the problem is fixed. A breaker
+//! ([`BreakerOptions`]) stops dead-lettering when every message fails for one reason the
+//! classification missed. [`Handler::lock_key`] orders each batch by the rows it locks, so
+//! that consumers scaled out do not deadlock.
+//!
 //! # Feature flags
 //!
 //! - `sqlite` (default): the embedded SQLite queue and dedup store, as `justonce::sql`.
 //! - `amqp`: the RabbitMQ transport, as `justonce::amqp`.
+//! - `postgres`: the PostgreSQL queue, dedup and claim stores, in `justonce::sql`.
+//! - `mysql`: the MariaDB / MySQL dedup and claim stores, in `justonce::sql`.
+//!
+//! A handler writes through the store's sqlx transaction (`&mut **tx`), so your crate also
+//! depends on `sqlx` with that driver's feature (`sqlite`, `postgres` or `mysql`; no macros
+//! needed), plus `tokio` and, for typed payloads, `serde` with `derive`.
+//!
+//! # Logging
+//!
+//! justonce logs through [`tracing`](https://docs.rs/tracing) (a batch handed back, a
+//! dead letter, the breaker opening) and prints nothing without a subscriber: install one,
+//! such as `tracing_subscriber::fmt().init()`. A `main` that returns [`Result`] prints a
+//! failure as one line, each cause once.
 //!
 //! # Minimum supported Rust version
 //!
@@ -74,3 +101,21 @@ pub use justonce_sql as sql;
 /// The RabbitMQ transport, from `justonce-amqp`.
 #[cfg(feature = "amqp")]
 pub use justonce_amqp as amqp;
+
+/// The README and the guides, compiled: each of their Rust snippets is a doctest.
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../../docs/guide/idempotency.md")]
+    struct Idempotency;
+    #[cfg(feature = "postgres")]
+    #[doc = include_str!("../../../docs/guide/failures.md")]
+    struct Failures;
+    #[cfg(all(feature = "amqp", feature = "postgres"))]
+    #[doc = include_str!("../../../docs/guide/rabbitmq.md")]
+    struct Rabbitmq;
+    #[cfg(feature = "postgres")]
+    #[doc = include_str!("../../../docs/guide/postgres.md")]
+    struct Postgres;
+}

@@ -10,15 +10,23 @@ use justonce::{
     Result,
 };
 
+/// A payment as the producer publishes it. A message without one of these fields is a
+/// decode error: dead-lettered with serde's reason, never applied.
+#[derive(serde::Deserialize)]
+struct Payment {
+    account: i64,
+    amount: i64,
+}
+
 struct Credit;
 
 #[async_trait]
 impl Handler<SqliteTx> for Credit {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
-        let p: serde_json::Value = cx.message().decode_json()?;
+        let p: Payment = cx.message().decode_json()?;
         sqlx::query("UPDATE accounts SET balance = balance + ? WHERE id = ?")
-            .bind(p["amount"].as_i64())
-            .bind(p["account"].as_i64())
+            .bind(p.amount)
+            .bind(p.account)
             .execute(&mut **tx) // the same transaction as the dedup record
             .await?;
         Ok(Disposition::Ok)

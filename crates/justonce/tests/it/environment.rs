@@ -251,7 +251,7 @@ async fn a_batch_runs_in_the_order_of_its_lock_keys_keeping_the_order_of_each_ke
 }
 
 #[tokio::test]
-async fn a_deadlocked_batch_runs_again_in_halves_without_going_back_to_the_queue() {
+async fn a_deadlocked_batch_runs_again_one_message_per_transaction_without_going_back() {
     let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
     let batch: Vec<Message> = (0..8)
         .map(|i| {
@@ -265,10 +265,11 @@ async fn a_deadlocked_batch_runs_again_in_halves_without_going_back_to_the_queue
         .collect();
     q.publish_batch(&batch).await.unwrap();
     let handler = Accounts::default();
-    handler.deadlocks.store(2, Ordering::SeqCst);
+    handler.deadlocks.store(1, Ordering::SeqCst);
     let store = MemoryStore::new();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(options(8), source, Arc::new(store.clone()), handler).unwrap();
+    let c = Consumer::with_shared(options(8), source, Arc::new(store.clone()), handler.clone())
+        .unwrap();
     let report = c.run_once().await.unwrap();
     assert_eq!(report.acked, 8, "{report:?}");
     assert_eq!(store.effects().len(), 8);
@@ -276,7 +277,16 @@ async fn a_deadlocked_batch_runs_again_in_halves_without_going_back_to_the_queue
     assert_eq!(q.deliveries(), 8, "no delivery went back to the queue");
     assert_eq!(
         store.commits(),
-        3,
-        "the 8 failed; the first 4 committed, the last 4 failed again and committed as 2 + 2"
+        8,
+        "the batch failed, then each message committed alone"
     );
+
+    // A message that deadlocks even alone goes back to the queue, its attempt not counted.
+    q.publish(&Message::new("pair:9").with_id("m9").unwrap())
+        .await
+        .unwrap();
+    handler.deadlocks.store(1, Ordering::SeqCst);
+    assert_eq!(c.run_once().await.unwrap_err().kind(), ErrorKind::Busy);
+    let again = q.receive(1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(again[0].attempt, 1, "the hand-back counted no attempt");
 }
