@@ -361,6 +361,9 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()>;
     /// Rows in the ledger (cheap: for progress, not for checking).
     async fn ledger_rows(&self, t: &Tables) -> Result<u64>;
+    /// The highest ledger row number committed so far: one index lookup, however long the
+    /// ledger. Never below [`Bank::ledger_rows`] (rolled-back inserts leave gaps).
+    async fn ledger_high(&self, t: &Tables) -> Result<u64>;
     /// Deliveries recorded, and how many of them were redeliveries.
     async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)>;
     /// The transport's ack inside this database's transactions, when `bus` is a queue in
@@ -533,6 +536,13 @@ macro_rules! bank {
 
             async fn ledger_rows(&self, t: &Tables) -> Result<u64> {
                 let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", t.ledger))
+                    .fetch_one(self.pool())
+                    .await?;
+                Ok(n as u64)
+            }
+
+            async fn ledger_high(&self, t: &Tables) -> Result<u64> {
+                let n: i64 = sqlx::query_scalar(&format!("SELECT COALESCE(MAX(seq), 0) FROM {}", t.ledger))
                     .fetch_one(self.pool())
                     .await?;
                 Ok(n as u64)
