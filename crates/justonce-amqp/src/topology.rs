@@ -180,31 +180,39 @@ fn parts(opts: &AmqpOptions) -> Vec<Part> {
     out
 }
 
+/// Declares `part` durable on `ch`; `passive` only asks whether it exists (with no
+/// arguments: a passive declaration compares none).
+async fn declare_part(ch: &Channel, part: &Part, passive: bool) -> lapin::Result<()> {
+    match part {
+        Part::Queue { name, args, .. } => {
+            let args = if passive {
+                FieldTable::default()
+            } else {
+                args.clone()
+            };
+            ch.queue_declare(name.as_str().into(), durable_queue(passive), args)
+                .await
+                .map(|_| ())
+        }
+        Part::Exchange { name, kind: k, .. } => {
+            ch.exchange_declare(
+                name.as_str().into(),
+                kind(*k),
+                durable_exchange(passive),
+                FieldTable::default(),
+            )
+            .await
+        }
+    }
+}
+
 /// Whether `part` exists, asked passively on a channel of its own.
 async fn exists(conn: &Connection, part: &Part) -> Result<bool> {
     let ch = conn
         .create_channel()
         .await
         .map_err(|e| amqp("opening a channel", e))?;
-    let answer = match part {
-        Part::Queue { name, .. } => ch
-            .queue_declare(
-                name.as_str().into(),
-                durable_queue(true),
-                FieldTable::default(),
-            )
-            .await
-            .map(|_| ()),
-        Part::Exchange { name, kind: k, .. } => {
-            ch.exchange_declare(
-                name.as_str().into(),
-                kind(*k),
-                durable_exchange(true),
-                FieldTable::default(),
-            )
-            .await
-        }
-    };
+    let answer = declare_part(&ch, part, true).await;
     match answer {
         Ok(()) => {
             let _ = ch.close(200, "justonce: checked".into()).await;
@@ -304,21 +312,7 @@ async fn declare_parts<'a>(
         if skip {
             continue;
         }
-        let declared = match part {
-            Part::Queue { name, args, .. } => ch
-                .queue_declare(name.as_str().into(), durable_queue(false), args.clone())
-                .await
-                .map(|_| ()),
-            Part::Exchange { name, kind: k, .. } => {
-                ch.exchange_declare(
-                    name.as_str().into(),
-                    kind(*k),
-                    durable_exchange(false),
-                    FieldTable::default(),
-                )
-                .await
-            }
-        };
+        let declared = declare_part(ch, part, false).await;
         declared.map_err(|e| {
             (
                 Some(part),

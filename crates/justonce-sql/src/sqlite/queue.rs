@@ -233,6 +233,10 @@ fn row_message(r: &sqlx::sqlite::SqliteRow) -> Result<Message> {
     ))
 }
 
+fn tokens(receipts: &[&Receipt]) -> Result<Vec<Token>> {
+    receipts.iter().map(|r| token(r)).collect()
+}
+
 fn token(receipt: &Receipt) -> Result<Token> {
     receipt
         .downcast_ref::<Token>()
@@ -264,10 +268,7 @@ impl Source for SqliteQueue {
         if receipts.is_empty() {
             return Ok(());
         }
-        let tokens = receipts
-            .iter()
-            .map(|r| token(r))
-            .collect::<Result<Vec<_>>>()?;
+        let tokens = tokens(receipts)?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for chunk in tokens.chunks(400) {
             let mut qb: QueryBuilder<Sqlite> =
@@ -307,10 +308,7 @@ impl Source for SqliteQueue {
         if receipts.is_empty() {
             return Ok(());
         }
-        let tokens = receipts
-            .iter()
-            .map(|r| token(r))
-            .collect::<Result<Vec<_>>>()?;
+        let tokens = tokens(receipts)?;
         let sql = format!(
             "UPDATE jo_queue SET attempts = attempts - 1, visible_at = {NOW_MS}
              WHERE seq = ? AND attempts = ?"
