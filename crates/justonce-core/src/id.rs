@@ -7,7 +7,7 @@
 //! | a content hash ([`IdStrategy::ContentHash`]) | identical payloads dedup with no producer help | two genuinely equal requests become one |
 //!
 //! A message for which the strategy finds no id is never deduplicated against others: the
-//! consumer dead-letters it (DESIGN.md invariant 4).
+//! consumer dead-letters it (contract 4 in ARCHITECTURE.md).
 
 use sha2::{Digest, Sha256};
 

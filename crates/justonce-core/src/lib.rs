@@ -15,7 +15,7 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85.
+//! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 mod backoff;
 pub mod conformance;

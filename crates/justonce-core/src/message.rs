@@ -13,7 +13,7 @@ pub const MAX_MESSAGE_ID_BYTES: usize = 255;
 /// A message id: never empty, at most [`MAX_MESSAGE_ID_BYTES`] bytes.
 ///
 /// A message without a usable id carries `None` (see [`Message::id`]); it is never
-/// deduplicated against other such messages (DESIGN.md invariant 4).
+/// deduplicated against other such messages (contract 4 in ARCHITECTURE.md).
 ///
 /// ```
 /// use justonce_core::MessageId;
@@ -58,7 +58,7 @@ impl fmt::Display for MessageId {
 }
 
 /// A stable digest of a payload: the same id with another fingerprint is a conflict,
-/// not a duplicate (DESIGN.md invariant 5).
+/// not a duplicate (contract 5 in ARCHITECTURE.md).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 16]);
 

@@ -38,7 +38,7 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// A dedup key: (consumer, message id). Two consumers of one message never collide
-/// (DESIGN.md invariant 2).
+/// (contract 2 in ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DedupKey<'a> {
     /// The consumer's name.

@@ -46,7 +46,7 @@ pub trait Source: Send + Sync {
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()>;
 
     /// The longest time a delivery can be held back by the transport itself (leases,
-    /// broker-side delays), for the retention check of DESIGN.md invariant 6.
+    /// broker-side delays), for the retention check of contract 6 in ARCHITECTURE.md.
     fn redelivery_delay(&self) -> Duration;
 }
 

@@ -1,4 +1,4 @@
-//! URL redaction: nothing in justonce prints a credential (DESIGN.md invariant 9).
+//! URL redaction: nothing in justonce prints a credential (contract 9 in ARCHITECTURE.md).
 
 /// `url` with its password replaced by `***`, for logs and error messages.
 ///

@@ -25,7 +25,7 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85.
+//! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 mod claim_logic;
 mod common;

@@ -76,7 +76,7 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85.
+//! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 pub mod consumer;
 mod shutdown;

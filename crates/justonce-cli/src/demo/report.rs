@@ -1,4 +1,4 @@
-//! The demo's result: one JSON object (DESIGN.md's CLI contract) or a table.
+//! The demo's result: one JSON object (the contract in docs/reference.md) or a table.
 
 use std::fmt::Write as _;
 

@@ -18,7 +18,7 @@ pub use queue::{SqliteQueue, SqliteQueueOptions};
 pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 
 /// The database clock in milliseconds since the Unix epoch, as an SQL expression.
-/// Leases and retention use it, never the worker's clock (DESIGN.md invariant 3).
+/// Leases and retention use it, never the worker's clock (contract 3 in ARCHITECTURE.md).
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 /// Opens a pool on a `sqlite:PATH` URL: WAL, `synchronous=FULL` unless `durable` is false.

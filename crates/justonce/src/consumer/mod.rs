@@ -3,7 +3,7 @@
 //! # The three semantics
 //!
 //! The only difference between them is *when* a delivery is acked relative to its effect
-//! (DESIGN.md invariant 1):
+//! (contract 1 in ARCHITECTURE.md):
 //!
 //! - [`Semantics::AtMostOnce`]: the batch is acked as soon as it arrives, then handled. A
 //!   crash in between loses those messages; the consumer itself never applies one twice.
@@ -154,7 +154,7 @@ where
     /// A consumer of `source` that runs `handler` in transactions of `store`.
     ///
     /// Fails when the options are unsafe: an invalid name, a batch size of 0, or a dedup
-    /// retention shorter than the redelivery horizon (DESIGN.md invariant 6).
+    /// retention shorter than the redelivery horizon (contract 6 in ARCHITECTURE.md).
     pub fn new(
         opts: ConsumerOptions,
         source: impl Source + 'static,

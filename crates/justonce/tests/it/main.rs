@@ -1,4 +1,4 @@
-//! Tests of the runtime through its public API: the rules of DESIGN.md on the in-memory
+//! Tests of the runtime through its public API: the runtime's contracts (ARCHITECTURE.md) on the in-memory
 //! backends, and bad input on the embedded SQLite default.
 
 mod amqp;

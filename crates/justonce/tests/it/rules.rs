@@ -1,4 +1,4 @@
-//! The runtime rules of DESIGN.md, on the in-memory backends.
+//! The runtime's contracts (ARCHITECTURE.md), on the in-memory backends.
 
 use std::sync::Arc;
 use std::time::Duration;
