@@ -9,7 +9,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use justonce_core::{Error, ErrorKind, Message, Publisher, Result};
+use justonce_core::{DeadLetter, DeadLetterReason, Error, ErrorKind, Message, Publisher, Result};
 
 use crate::error::{amqp, connect};
 use crate::{topology, AmqpOptions};
@@ -165,6 +165,32 @@ impl AmqpPublisher {
         Ok(out)
     }
 
+    /// The messages in the dead-letter queue, left there: each is fetched unacked on a
+    /// channel of its own, which is then closed, so the broker puts them all back.
+    pub async fn read_dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        let Some(q) = self.opts.dead_letter_queue() else {
+            let (exchange, key) = self.opts.dead_letter_target();
+            return Err(Error::config(format!(
+                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
+                 a queue of justonce's: read them where that exchange routes them"
+            )));
+        };
+        let channel = self.fresh_channel().await?;
+        let mut out = Vec::new();
+        loop {
+            let got = channel
+                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
+                .await
+                .map_err(|e| amqp("reading the dead-letter queue", e))?;
+            let Some(got) = got else { break };
+            out.push(dead_letter_of(&got.delivery));
+        }
+        let _ = channel
+            .close(200, "justonce: dead letters read".into())
+            .await;
+        Ok(out)
+    }
+
     /// Deletes every queue and exchange of the topology: for tests and the demo.
     pub async fn delete_topology(&self) -> Result<()> {
         let channel = self.channel().await?;
@@ -203,6 +229,19 @@ impl AmqpPublisher {
             .map_err(|e| amqp("enabling publisher confirms", e))?;
         *live = Some((conn, ch.clone()));
         Ok(ch)
+    }
+
+    /// A new channel on the publisher's connection (opened if needed), for work that may
+    /// close its channel or leave it in a state the publishing channel must not be in.
+    async fn fresh_channel(&self) -> Result<Channel> {
+        self.channel().await?;
+        let live = self.live.lock().await;
+        let (conn, _) = live
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Closed, "the publisher's connection closed"))?;
+        conn.create_channel()
+            .await
+            .map_err(|e| amqp("opening a channel", e))
     }
 
     async fn reset(&self) {
@@ -352,5 +391,48 @@ impl Publisher for AmqpPublisher {
             .collect();
         let (exchange, key) = self.opts.publish_target();
         self.send(exchange, key, &items).await
+    }
+}
+
+/// A dead letter read back: its reason from our headers or, for one the broker dead-lettered
+/// itself (a quorum queue's delivery limit), from the broker's `x-first-death-*` headers.
+fn dead_letter_of(d: &lapin::message::Delivery) -> DeadLetter {
+    let message = crate::source::to_message(d);
+    let h = message.headers();
+    let reason = DeadLetterReason::from_headers(h).unwrap_or_else(|| DeadLetterReason {
+        error: format!(
+            "dead-lettered by the broker: {}",
+            h.get("x-first-death-reason")
+                .map_or("no reason given", |r| r.as_str())
+        ),
+        attempts: h
+            .get("x-delivery-count")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+        source_queue: h.get("x-first-death-queue").cloned().unwrap_or_default(),
+        consumer: String::new(),
+    });
+    DeadLetter { message, reason }
+}
+
+#[async_trait]
+impl justonce_core::Inspect for AmqpPublisher {
+    /// Messages ready in the work queue and the retry tiers, as the broker counts them (a
+    /// publisher sees none in flight at consumers).
+    async fn pending(&self) -> Result<u64> {
+        self.backlog().await
+    }
+
+    /// `None`: a publisher sees no deliveries.
+    async fn deliveries(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        self.read_dead_letters().await
+    }
+
+    async fn cleanup(&self) -> Result<()> {
+        self.delete_topology().await
     }
 }

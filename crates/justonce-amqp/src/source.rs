@@ -560,6 +560,10 @@ impl Source for AmqpSource {
         self.ack_tags(&[(t.generation, t.tag)]).await
     }
 
+    async fn abandon(&self) {
+        AmqpSource::abandon(self).await
+    }
+
     fn redelivery_delay(&self) -> Duration {
         self.inner
             .opts
@@ -579,5 +583,26 @@ impl Publisher for AmqpSource {
 
     async fn publish_batch(&self, messages: &[Message]) -> Result<()> {
         self.inner.publisher.publish_batch(messages).await
+    }
+}
+
+#[async_trait]
+impl justonce_core::Inspect for AmqpSource {
+    /// In flight on this source, plus ready in the work queue and the retry tiers.
+    async fn pending(&self) -> Result<u64> {
+        AmqpSource::pending(self).await
+    }
+
+    /// The deliveries this source received, counted from the broker's frames as they arrive.
+    async fn deliveries(&self) -> Result<Option<u64>> {
+        Ok(Some(self.delivery_counts().0))
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<justonce_core::DeadLetter>> {
+        self.inner.publisher.read_dead_letters().await
+    }
+
+    async fn cleanup(&self) -> Result<()> {
+        self.delete_topology().await
     }
 }

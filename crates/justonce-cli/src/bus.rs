@@ -1,13 +1,14 @@
-//! The demo's transport: the embedded SQLite queue, RabbitMQ or a PostgreSQL queue, with what the demo needs to
-//! count from each: pending messages, deliveries, dead letters, and how a crash looks.
+//! The demo's transport, opened by the library (`justonce::backend`), with what the demo,
+//! the worker and the lab do with it: publish (duplicates included), count through
+//! `Inspect`, crash as a dead process would. Nothing here knows which transport it is.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce::amqp::{AmqpOptions, AmqpPublisher, AmqpSource, Declare, ExchangeType, QueueType};
-use justonce::sql::{PgQueue, PgQueueOptions, SqliteQueue, SqliteQueueOptions};
-use justonce::{Message, Publisher, Result, Source};
+use justonce::amqp::{AmqpOptions, Declare, ExchangeType, QueueType};
+use justonce::backend::{Transport, TransportKind, TransportOptions};
+use justonce::{DeadLetter, Message, Result, Source, TransactionalAck};
 
 /// Where the RabbitMQ work queue gets its messages and what is declared: the flags the
 /// demo, the worker, the publisher and the lab share (ignored on the SQL queues).
@@ -92,32 +93,19 @@ impl Topology {
     }
 }
 
+/// An open transport.
 #[derive(Debug, Clone)]
-pub(crate) enum Bus {
-    Sqlite(SqliteQueue),
-    Amqp(AmqpSource),
-    Pg(PgQueue),
+pub(crate) struct Bus {
+    transport: Transport,
 }
 
 impl Bus {
-    /// The backend name of a transport URL, or an error naming what is supported.
-    pub(crate) fn scheme(url: &str) -> anyhow::Result<&'static str> {
-        if url.starts_with("sqlite:") {
-            Ok("sqlite")
-        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
-            Ok("amqp")
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok("postgres")
-        } else {
-            let scheme = url.split(':').next().unwrap_or_default();
-            anyhow::bail!(
-                "the {scheme} transport is not built yet: use sqlite:PATH (the embedded default), \
-                 amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or postgres://USER@HOST:PORT/DB \
-                 (a PostgreSQL queue); NATS and Redis transports are on the roadmap in README.md"
-            )
-        }
+    /// The transport a URL names, or an error naming what is supported.
+    pub(crate) fn kind_of(url: &str) -> anyhow::Result<TransportKind> {
+        Ok(TransportKind::from_url(url)?)
     }
 
+    /// Opens `queue` to consume it (and publish to it).
     pub(crate) async fn open(
         url: &str,
         queue: &str,
@@ -125,222 +113,109 @@ impl Bus {
         prefetch: u16,
         topology: &Topology,
     ) -> Result<Self> {
-        if url.starts_with("sqlite:") {
-            let mut o = SqliteQueueOptions::default();
-            o.lease = lease;
-            Ok(Bus::Sqlite(SqliteQueue::open_with(url, queue, o).await?))
-        } else if url.starts_with("postgres") {
-            let mut o = PgQueueOptions::default();
-            o.lease = lease;
-            Ok(Bus::Pg(PgQueue::open_with(url, queue, o).await?))
-        } else {
-            let o = topology.options(queue)?.prefetch(prefetch);
-            Ok(Bus::Amqp(AmqpSource::connect(url, o).await?))
-        }
+        let opts = Self::options(queue, lease, prefetch, topology)?;
+        Ok(Bus {
+            transport: Transport::open_consumer(url, queue, &opts).await?,
+        })
     }
 
-    pub(crate) fn source(&self) -> Arc<dyn Source> {
-        match self {
-            Bus::Sqlite(q) => Arc::new(q.clone()),
-            Bus::Amqp(q) => Arc::new(q.clone()),
-            Bus::Pg(q) => Arc::new(q.clone()),
-        }
+    /// Opens `queue` to publish to it and count it, never consuming: the lab's publisher
+    /// process and its checker.
+    pub(crate) async fn open_publisher(
+        url: &str,
+        queue: &str,
+        topology: &Topology,
+    ) -> Result<Self> {
+        let opts = Self::options(queue, Duration::from_secs(30), 200, topology)?;
+        Ok(Bus {
+            transport: Transport::open_publisher(url, queue, &opts).await?,
+        })
     }
 
-    /// Publishes `first`, and `again`: the same orders published a second time, as a
-    /// publisher does when it never saw the confirm of the first. On RabbitMQ the first
-    /// copy of each goes out with its confirm withheld, then the batch is published again
-    /// with confirms: a real duplicate on the broker.
+    fn options(
+        queue: &str,
+        lease: Duration,
+        prefetch: u16,
+        topology: &Topology,
+    ) -> Result<TransportOptions> {
+        Ok(TransportOptions::default()
+            .lease(lease)
+            .prefetch(prefetch)
+            .amqp(topology.options(queue)?.prefetch(prefetch)))
+    }
+
+    /// Where deliveries come from.
+    pub(crate) fn source(&self) -> Result<Arc<dyn Source>> {
+        self.transport.source()
+    }
+
+    /// The ack in the store's transaction, when the queue is in the store's database.
+    pub(crate) fn transactional_ack<Tx: 'static>(&self) -> Option<Arc<dyn TransactionalAck<Tx>>> {
+        self.transport.transactional_ack()
+    }
+
+    /// Publishes `first`, then `again`: the same orders published a second time with the
+    /// same ids, as a publisher does when it never saw the confirm of the first.
     pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
-        match self {
-            Bus::Sqlite(q) => publish_twice(q, first, again).await?,
-            Bus::Pg(q) => publish_twice(q, first, again).await?,
-            Bus::Amqp(q) => {
-                for m in again {
-                    q.publish_without_confirm(m).await?;
-                }
-                q.publish_batch(first).await?;
-            }
+        let publisher = self.transport.publisher();
+        publisher.publish_batch(first).await?;
+        if !again.is_empty() {
+            publisher.publish_batch(again).await?;
         }
         Ok(())
     }
 
     /// Messages not yet acked or dead-lettered, from the transport itself.
     pub(crate) async fn pending(&self) -> Result<u64> {
-        match self {
-            Bus::Sqlite(q) => Ok(q.stats().await?.pending),
-            Bus::Amqp(q) => q.pending().await,
-            Bus::Pg(q) => Ok(q.stats().await?.pending),
-        }
+        self.transport.inspect().pending().await
     }
 
-    /// Deliveries the transport made: the SQL queue's own counter table, or the frames
-    /// RabbitMQ sent (counted where they arrive).
+    /// Deliveries the transport made, as it counts them (0 where it does not).
     pub(crate) async fn deliveries(&self) -> Result<u64> {
-        match self {
-            Bus::Sqlite(q) => Ok(q.stats().await?.deliveries),
-            Bus::Amqp(q) => Ok(q.delivery_counts().0),
-            Bus::Pg(q) => Ok(q.stats().await?.deliveries),
-        }
+        Ok(self.transport.inspect().deliveries().await?.unwrap_or(0))
+    }
+
+    /// The dead letters, with their reasons, left where they are.
+    pub(crate) async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        self.transport.inspect().dead_letters().await
     }
 
     /// Distinct messages in the dead-letter queue.
     pub(crate) async fn dead_lettered(&self) -> Result<u64> {
-        let letters: Vec<Message> = match self {
-            Bus::Sqlite(q) => q
-                .dead_letters()
-                .await?
-                .into_iter()
-                .map(|d| d.message)
-                .collect(),
-            Bus::Amqp(q) => q.drain_dead_letters().await?,
-            Bus::Pg(q) => q
-                .dead_letters()
-                .await?
-                .into_iter()
-                .map(|d| d.message)
-                .collect(),
-        };
-        Ok(distinct(letters))
+        Ok(distinct(&self.dead_letters().await?))
     }
 
-    /// A consumer crash as the transport sees it: on RabbitMQ the channel closes with its
-    /// deliveries unacked; the SQL queues need nothing (the leases run out).
+    /// A consumer crash as the transport sees it: the source lets go of its deliveries
+    /// (RabbitMQ: the channel closes with them unacked; the SQL queues: their leases run out).
     pub(crate) async fn crash(&self) {
-        if let Bus::Amqp(q) = self {
-            q.abandon().await;
+        if let Ok(source) = self.source() {
+            source.abandon().await;
         }
     }
 
-    /// A lost ack as the transport sees it: on RabbitMQ the broker requeues the delivery when
-    /// the channel goes, shortly after.
+    /// A lost ack as the transport sees it: the delivery stays unsettled until the source
+    /// lets go of it, shortly after (on the SQL queues, until its lease runs out).
     pub(crate) fn lose_ack(&self) {
-        if let Bus::Amqp(q) = self {
-            let q = q.clone();
+        if let Ok(source) = self.source() {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                q.abandon().await;
+                source.abandon().await;
             });
         }
     }
 
-    /// Removes what the run declared on a shared broker.
+    /// Removes what the run made on a shared broker or database.
     pub(crate) async fn cleanup(&self) -> Result<()> {
-        match self {
-            Bus::Sqlite(_) => Ok(()),
-            Bus::Amqp(q) => q.delete_topology().await,
-            Bus::Pg(q) => q.delete().await,
-        }
+        self.transport.inspect().cleanup().await
     }
-}
-
-/// The publishing and counting side of a transport, which never consumes: the lab's
-/// publisher process and its checker.
-#[derive(Debug, Clone)]
-pub(crate) enum Sink {
-    Sqlite(SqliteQueue),
-    Amqp(Arc<AmqpPublisher>),
-    Pg(PgQueue),
-}
-
-impl Sink {
-    pub(crate) async fn open(url: &str, queue: &str, topology: &Topology) -> Result<Self> {
-        Bus::scheme(url).map_err(|e| justonce::Error::config(e.to_string()))?;
-        if url.starts_with("sqlite:") {
-            Ok(Sink::Sqlite(SqliteQueue::open(url, queue).await?))
-        } else if url.starts_with("postgres") {
-            Ok(Sink::Pg(PgQueue::open(url, queue).await?))
-        } else {
-            Ok(Sink::Amqp(Arc::new(
-                AmqpPublisher::connect(url, topology.options(queue)?).await?,
-            )))
-        }
-    }
-
-    /// As [`Bus::publish`].
-    pub(crate) async fn publish(&self, first: &[Message], again: &[Message]) -> Result<()> {
-        match self {
-            Sink::Sqlite(q) => publish_twice(q, first, again).await,
-            Sink::Pg(q) => publish_twice(q, first, again).await,
-            Sink::Amqp(p) => {
-                for m in again {
-                    p.publish_without_confirm(m).await?;
-                }
-                p.publish_batch(first).await
-            }
-        }
-    }
-
-    /// Messages waiting on the transport: on RabbitMQ those ready in the work and retry
-    /// queues (not the ones unacked at consumers).
-    pub(crate) async fn backlog(&self) -> Result<u64> {
-        match self {
-            Sink::Sqlite(q) => Ok(q.stats().await?.pending),
-            Sink::Pg(q) => Ok(q.stats().await?.pending),
-            Sink::Amqp(p) => p.backlog().await,
-        }
-    }
-
-    /// The messages in the dead-letter queue (taken off it on RabbitMQ), with their reasons
-    /// in their headers.
-    pub(crate) async fn dead_letters(&self) -> Result<Vec<Message>> {
-        Ok(match self {
-            Sink::Sqlite(q) => q
-                .dead_letters()
-                .await?
-                .into_iter()
-                .map(|d| d.message)
-                .collect(),
-            Sink::Pg(q) => q
-                .dead_letters()
-                .await?
-                .into_iter()
-                .map(|d| d.message)
-                .collect(),
-            Sink::Amqp(p) => p.drain_dead_letters().await?,
-        })
-    }
-
-    /// Distinct messages among `letters`.
-    pub(crate) fn distinct(letters: &[Message]) -> u64 {
-        distinct(letters.to_vec())
-    }
-
-    /// Removes what the run declared on a shared broker or database.
-    pub(crate) async fn cleanup(&self) -> Result<()> {
-        match self {
-            Sink::Sqlite(_) => Ok(()),
-            Sink::Pg(q) => q.delete().await,
-            Sink::Amqp(p) => p.delete_topology().await,
-        }
-    }
-
-    /// Closes the database connections (a server counts a session's statistics when it
-    /// ends).
-    pub(crate) async fn close(&self) {
-        match self {
-            Sink::Sqlite(q) => q.pool().close().await,
-            Sink::Pg(q) => q.pool().close().await,
-            Sink::Amqp(_) => {}
-        }
-    }
-}
-
-/// Publishes `first`, then `again` (the same ids once more) in a second transaction.
-async fn publish_twice(q: &impl Publisher, first: &[Message], again: &[Message]) -> Result<()> {
-    q.publish_batch(first).await?;
-    if !again.is_empty() {
-        q.publish_batch(again).await?;
-    }
-    Ok(())
 }
 
 /// Distinct ids among `letters`; letters without an id count one each.
-fn distinct(letters: Vec<Message>) -> u64 {
+pub(crate) fn distinct(letters: &[DeadLetter]) -> u64 {
     let mut ids = HashSet::new();
     let mut anonymous = 0;
-    for m in letters {
-        match m.id() {
+    for d in letters {
+        match d.message.id() {
             Some(id) => {
                 ids.insert(id.clone());
             }

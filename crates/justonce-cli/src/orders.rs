@@ -13,10 +13,10 @@ use justonce::sql::{
 };
 use justonce::{
     async_trait, Cas, ClaimStore, Context, DedupStore, Disposition, Handler, Idempotency, Message,
-    Result, StateMachine, TransactionalAck, Transition,
+    Result, StateMachine, Transition,
 };
 
-use crate::bus::Bus;
+use justonce::backend::StoreKind;
 use serde::{Deserialize, Serialize};
 use sqlx::{Row, SqlitePool};
 
@@ -317,6 +317,8 @@ impl Tables {
 /// MariaDB.
 #[async_trait]
 pub(crate) trait Bank: DedupStore + Clone {
+    /// Which store this is.
+    const KIND: StoreKind;
     /// The state-machine guard of this database.
     type StateGuard: Send + Sync + 'static;
     /// The version guard of this database.
@@ -366,9 +368,6 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn ledger_high(&self, t: &Tables) -> Result<u64>;
     /// Deliveries recorded, and how many of them were redeliveries.
     async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)>;
-    /// The transport's ack inside this database's transactions, when `bus` is a queue in
-    /// this database (the PostgreSQL queue with the PostgreSQL store).
-    fn transactional_ack(bus: &Bus) -> Option<Arc<dyn TransactionalAck<Self::Tx>>>;
 
     /// A transaction straight from the sqlx pool, as code without justonce would open it
     /// (the bench's bare baseline).
@@ -388,12 +387,14 @@ macro_rules! bank {
     (
         $store:ty, $opts:ty, $tx:ty, state: $state:ty, version: $version:ty, ph: $ph:expr,
         serial: $serial:literal, ignore: ($ins:literal, $conflict:literal),
+        kind: $kind:expr,
         claims: |$self_:ident, $url:ident, $table:ident| $claims:expr,
-        tx_ack: |$bus:ident| $tx_ack:expr,
         begin: |$pool:ident| $begin:expr $(,)?
     ) => {
         #[async_trait]
         impl Bank for $store {
+            const KIND: StoreKind = $kind;
+
             type StateGuard = $state;
             type VersionGuard = $version;
 
@@ -558,10 +559,6 @@ macro_rules! bank {
                 Ok((all as u64, again as u64))
             }
 
-            fn transactional_ack($bus: &Bus) -> Option<Arc<dyn TransactionalAck<$tx>>> {
-                $tx_ack
-            }
-
             async fn begin_direct(&self) -> Result<$tx> {
                 let $pool = self.pool();
                 Ok($begin.await?)
@@ -615,26 +612,23 @@ fn dollar(n: usize) -> String {
 bank!(
     SqliteStore, SqliteStoreOptions, SqliteTx, state: SqliteStateGuard, version: SqliteVersionGuard, ph: question,
     serial: "INTEGER PRIMARY KEY AUTOINCREMENT", ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+    kind: StoreKind::Sqlite,
     claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
-    tx_ack: |_bus| None,
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
 );
 bank!(
     PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, ph: dollar,
     serial: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
+    kind: StoreKind::Postgres,
     claims: |_s, url, table| PgClaimStore::open(url, table).await?,
-    tx_ack: |bus| match bus {
-        Bus::Pg(q) => Some(Arc::new(q.clone())),
-        _ => None,
-    },
     begin: |pool| pool.begin(),
 );
 bank!(
     MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, ph: question,
     serial: "BIGINT AUTO_INCREMENT PRIMARY KEY", ignore: ("INSERT IGNORE INTO", ""),
+    kind: StoreKind::MySql,
     claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,
-    tx_ack: |_bus| None,
     begin: |pool| pool.begin(),
 );
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::bus::Sink;
+use crate::bus::Bus;
 use crate::demo::plan::{IdStrategy, Plan};
 
 /// Arguments of `justonce publish`.
@@ -39,7 +39,7 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
     let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
     let give_up = Duration::from_secs(args.give_up_after_s);
     let sink = retry(give_up, "connect", || {
-        Sink::open(&args.transport, &args.queue, &args.topology)
+        Bus::open_publisher(&args.transport, &args.queue, &args.topology)
     })
     .await?;
     for chunk in plan.orders.chunks(250) {

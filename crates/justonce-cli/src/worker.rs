@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use justonce::backend::StoreKind;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{
     async_trait, Consumer, ConsumerOptions, DeadLetterReason, Delivery, FaultHook, FaultPoint,
@@ -68,11 +69,11 @@ pub(crate) struct WorkerArgs {
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    crate::bus::Bus::scheme(&args.transport)?;
-    match crate::demo::store_scheme(&args.store)? {
-        "sqlite" => run_on::<SqliteStore>(args).await,
-        "postgres" => run_on::<PgStore>(args).await,
-        _ => run_on::<MySqlStore>(args).await,
+    crate::bus::Bus::kind_of(&args.transport)?;
+    match StoreKind::from_url(&args.store)? {
+        StoreKind::Sqlite => run_on::<SqliteStore>(args).await,
+        StoreKind::Postgres => run_on::<PgStore>(args).await,
+        StoreKind::MySql => run_on::<MySqlStore>(args).await,
     }
 }
 
@@ -98,12 +99,12 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     opts.receive_wait = Duration::from_millis(100);
     let source = if args.audit {
         Arc::new(Audited {
-            inner: queue.source(),
+            inner: queue.source()?,
             store: store.clone(),
             tables: tables.clone(),
         })
     } else {
-        queue.source()
+        queue.source()?
     };
     let mut consumer = Consumer::with_shared(
         opts,
@@ -112,7 +113,8 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
         PaymentHandler::<B>::new(tables, Strategy::DedupTable, false, None)?,
     )?;
     if args.ack_in_transaction {
-        let acker = B::transactional_ack(&queue)
+        let acker = queue
+            .transactional_ack::<B::Tx>()
             .context("--ack-in-transaction needs a postgres:// transport and store")?;
         consumer = consumer.with_transactional_ack(acker);
     }
@@ -258,6 +260,14 @@ impl<B: Bank> Source for Audited<B> {
 
     async fn nack(&self, receipt: &Receipt, delay: Duration) -> justonce::Result<()> {
         self.inner.nack(receipt, delay).await
+    }
+
+    async fn release(&self, receipts: &[&Receipt]) -> justonce::Result<()> {
+        self.inner.release(receipts).await
+    }
+
+    async fn abandon(&self) {
+        self.inner.abandon().await
     }
 
     async fn dead_letter(

@@ -45,6 +45,11 @@ pub trait Source: Send + Sync {
     /// Moves a delivery to the dead-letter queue with its reason, and acks it.
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()>;
 
+    /// Lets go of every delivery this source holds, without settling any, as a process that
+    /// died would: for fault injection (the demo, tests). RabbitMQ closes its channel, which
+    /// requeues them at once; the default does nothing, and leases run out.
+    async fn abandon(&self) {}
+
     /// The longest time a delivery can be held back by the transport itself (leases,
     /// broker-side delays), for the retention check of contract 6 in ARCHITECTURE.md.
     fn redelivery_delay(&self) -> Duration;
@@ -78,4 +83,44 @@ pub trait TransactionalAck<Tx>: Send + Sync {
     /// longer holds its delivery (its lease ran out and it was delivered again): the caller
     /// must roll `tx` back, or the effect would be applied by two consumers.
     async fn ack_in(&self, tx: &mut Tx, receipts: &[&Receipt]) -> Result<()>;
+}
+
+/// A shared source is a source: `Consumer::new(opts, Arc::clone(&queue), …)`.
+#[async_trait]
+impl<T: Source + ?Sized> Source for std::sync::Arc<T> {
+    fn queue(&self) -> &str {
+        (**self).queue()
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        (**self).receive(max, wait).await
+    }
+    async fn ack(&self, receipts: &[&Receipt]) -> Result<()> {
+        (**self).ack(receipts).await
+    }
+    async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
+        (**self).nack(receipt, delay).await
+    }
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        (**self).release(receipts).await
+    }
+    async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
+        (**self).dead_letter(delivery, reason).await
+    }
+    async fn abandon(&self) {
+        (**self).abandon().await
+    }
+    fn redelivery_delay(&self) -> Duration {
+        (**self).redelivery_delay()
+    }
+}
+
+/// A shared publisher is a publisher.
+#[async_trait]
+impl<T: Publisher + ?Sized> Publisher for std::sync::Arc<T> {
+    async fn publish(&self, message: &Message) -> Result<()> {
+        (**self).publish(message).await
+    }
+    async fn publish_batch(&self, messages: &[Message]) -> Result<()> {
+        (**self).publish_batch(messages).await
+    }
 }

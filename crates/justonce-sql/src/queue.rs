@@ -1,7 +1,9 @@
 //! What the SQL queues (SQLite, PostgreSQL) share: their counts, their dead letters, and the
 //! conversions of their rows.
 
-use justonce_core::{DeadLetterReason, Headers, Message, MessageId};
+use justonce_core::{Headers, Message, MessageId};
+
+pub use justonce_core::DeadLetter;
 
 /// Counts read from the queue's own tables.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -15,15 +17,6 @@ pub struct QueueStats {
     pub deliveries: u64,
     /// Deliveries of a message that had been delivered before.
     pub redeliveries: u64,
-}
-
-/// A dead-lettered message and why.
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    /// The message, with the reason headers added.
-    pub message: Message,
-    /// Why it was dead-lettered.
-    pub reason: DeadLetterReason,
 }
 
 /// A message from a queue row's columns (`headers` is JSON; bad JSON reads as no headers,
@@ -42,14 +35,4 @@ pub(crate) fn message_from_row(
         m = m.with_content_type(ct);
     }
     m
-}
-
-/// A dead letter with the reason headers added to its message.
-pub(crate) fn dead_letter(message: Message, reason: DeadLetterReason) -> DeadLetter {
-    let mut headers = message.headers().clone();
-    headers.extend(reason.to_headers());
-    DeadLetter {
-        message: message.with_headers(headers),
-        reason,
-    }
 }

@@ -78,6 +78,7 @@
 //!
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
+pub mod backend;
 pub mod consumer;
 mod shutdown;
 
@@ -88,9 +89,10 @@ pub use consumer::{
 };
 pub use justonce_core::{
     canonical_json, conformance, error_chain, memory, redact_url, validate_identifier, Cas, Claim,
-    ClaimState, ClaimStore, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
-    ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Message, MessageId, Publisher,
-    Receipt, Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    ClaimState, ClaimStore, DeadLetter, DeadLetterReason, DedupKey, DedupStore, Delivery,
+    Disposition, Error, ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Inspect,
+    Message, MessageId, Publisher, Receipt, Result, Semantics, Source, StateMachine, Store,
+    TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 

@@ -21,8 +21,9 @@ pub(crate) use run::BenchRunArgs;
 use run::RunResult;
 
 use crate::bus::Bus;
-use crate::demo::{progress_bar, store_scheme};
+use crate::demo::progress_bar;
 use crate::orders;
+use justonce::backend::{StoreKind, TransportKind};
 
 pub(crate) use run::run as run_child;
 
@@ -270,10 +271,10 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--accounts must be between 1 and {}", orders::ACCOUNTS);
     }
     if let Some(t) = &args.transport {
-        Bus::scheme(t)?;
+        Bus::kind_of(t)?;
     }
     if let Some(s) = &args.store {
-        store_scheme(s)?;
+        StoreKind::from_url(s)?;
     }
     let batched = if args.batch.contains(&100) {
         100
@@ -507,14 +508,17 @@ fn report(
             })
             .collect(),
     };
-    let name = |url: &Option<String>, scheme: fn(&str) -> anyhow::Result<&'static str>| {
-        url.as_deref()
-            .map_or("sqlite", |u| scheme(u).unwrap_or("?"))
-            .to_owned()
-    };
+    let transport = args
+        .transport
+        .as_deref()
+        .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url);
+    let store = args
+        .store
+        .as_deref()
+        .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url);
     BenchReport {
-        transport: name(&args.transport, Bus::scheme),
-        store: name(&args.store, store_scheme),
+        transport: transport.map_or("?", TransportKind::as_str).into(),
+        store: store.map_or("?", StoreKind::as_str).into(),
         messages: args.messages,
         repeats: args.repeats,
         batched,

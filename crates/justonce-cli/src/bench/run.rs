@@ -33,9 +33,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
 use super::Variant;
-use crate::bus::{Bus, Sink, Topology};
-use crate::demo::store_scheme;
+use crate::bus::{Bus, Topology};
 use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
+use justonce::backend::{StoreKind, TransportKind};
 
 /// Arguments of `justonce bench-run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -273,16 +273,16 @@ pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
         bail!("--batch and --concurrency must be at least 1");
     }
     if args.consume {
-        return match store_scheme(&args.store)? {
-            "sqlite" => consume::<SqliteStore>(&args).await,
-            "postgres" => consume::<PgStore>(&args).await,
-            _ => consume::<MySqlStore>(&args).await,
+        return match StoreKind::from_url(&args.store)? {
+            StoreKind::Sqlite => consume::<SqliteStore>(&args).await,
+            StoreKind::Postgres => consume::<PgStore>(&args).await,
+            StoreKind::MySql => consume::<MySqlStore>(&args).await,
         };
     }
-    let result = match store_scheme(&args.store)? {
-        "sqlite" => run_with::<SqliteStore>(&args).await,
-        "postgres" => run_with::<PgStore>(&args).await,
-        _ => run_with::<MySqlStore>(&args).await,
+    let result = match StoreKind::from_url(&args.store)? {
+        StoreKind::Sqlite => run_with::<SqliteStore>(&args).await,
+        StoreKind::Postgres => run_with::<PgStore>(&args).await,
+        StoreKind::MySql => run_with::<MySqlStore>(&args).await,
     }?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -299,25 +299,18 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
     // publisher in another process would be seen within the queue's poll interval
     // (SQLite) or by NOTIFY (PostgreSQL).
     let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
-    let (bus, sink) = if Bus::scheme(&args.transport)? == "amqp" {
-        let sink = Sink::open(&args.transport, &args.name, &Topology::default()).await;
+    // On RabbitMQ the load goes through a publisher that never consumes; the consumer
+    // (or the bare lapin loop) opens its own channel once the load is in.
+    let topology = Topology::default();
+    let lease = Duration::from_secs(60);
+    let (bus, sink) = if Bus::kind_of(&args.transport)? == TransportKind::Amqp {
+        let sink = Bus::open_publisher(&args.transport, &args.name, &topology).await;
         (None, sink.context("opening the transport")?)
     } else {
-        let bus = Bus::open(
-            &args.transport,
-            &args.name,
-            Duration::from_secs(60),
-            prefetch,
-            &Topology::default(),
-        )
-        .await
-        .context("opening the transport")?;
-        let sink = match &bus {
-            Bus::Sqlite(q) => Sink::Sqlite(q.clone()),
-            Bus::Pg(q) => Sink::Pg(q.clone()),
-            Bus::Amqp(_) => unreachable!("an amqp URL is handled above"),
-        };
-        (Some(bus), sink)
+        let bus = Bus::open(&args.transport, &args.name, lease, prefetch, &topology)
+            .await
+            .context("opening the transport")?;
+        (Some(bus.clone()), bus)
     };
     let deadlocks_before = deadlocks(&args.store).await?;
     let outcome = if args.workers > 0 {
@@ -334,9 +327,9 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
     let mut result = outcome?;
     cleaned.context("cleaning up the run's queue and tables")?;
     // A server counts a backend's deadlocks when the backend reports its statistics, at
-    // the latest when it exits: close this process's connections before asking.
+    // the latest when it exits: close the store's connections (where the consumer's
+    // transactions ran) before asking.
     bank.close().await;
-    sink.close().await;
     result.deadlocks = match (deadlocks_before, deadlocks(&args.store).await?) {
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
@@ -348,8 +341,8 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
 /// MariaDB's for the server. `None` on SQLite.
 async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
     use sqlx::Connection as _;
-    Ok(match store_scheme(store)? {
-        "postgres" => {
+    Ok(match StoreKind::from_url(store)? {
+        StoreKind::Postgres => {
             let mut c = sqlx::PgConnection::connect(store).await?;
             let n: i64 = sqlx::query_scalar(
                 "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
@@ -359,7 +352,7 @@ async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
             c.close().await?;
             Some(n as u64)
         }
-        "mysql" => {
+        StoreKind::MySql => {
             let url = store.replacen("mariadb://", "mysql://", 1);
             let mut c = sqlx::MySqlConnection::connect(&url).await?;
             let (_, n): (String, String) =
@@ -369,7 +362,7 @@ async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
             c.close().await?;
             Some(n.parse()?)
         }
-        _ => None,
+        StoreKind::Sqlite => None,
     })
 }
 
@@ -377,7 +370,7 @@ async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
 async fn load(
     args: &BenchRunArgs,
     rng: &mut fastrand::Rng,
-    sink: &Sink,
+    sink: &Bus,
     range: std::ops::Range<u64>,
     clock: Option<&Clock>,
 ) -> anyhow::Result<()> {
@@ -402,7 +395,7 @@ async fn measure_processes<B: Bank>(
     args: &BenchRunArgs,
     bank: &B,
     tables: &Tables,
-    sink: &Sink,
+    sink: &Bus,
 ) -> anyhow::Result<RunResult> {
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
     let mut rng = fastrand::Rng::with_seed(7);
@@ -498,7 +491,7 @@ async fn consume<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<()> {
     let tables = Tables::new(&args.name)?;
     let bank = B::open(&args.store, &tables).await?;
     let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
-    let bus = if Bus::scheme(&args.transport)? == "amqp" {
+    let bus = if Bus::kind_of(&args.transport)? == TransportKind::Amqp {
         None
     } else {
         let topology = Topology::default();
@@ -534,7 +527,7 @@ async fn measure<B: Bank>(
     tables: &Tables,
     bus: Option<Bus>,
     prefetch: u16,
-    sink: &Sink,
+    sink: &Bus,
 ) -> anyhow::Result<RunResult> {
     let mut rng = fastrand::Rng::with_seed(7);
     let mut next = args.messages;
@@ -614,19 +607,29 @@ async fn measure<B: Bank>(
 /// drain makes it write full pages again); on SQLite a checkpoint that empties the WAL.
 async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
     use sqlx::Connection as _;
-    let queue = Bus::scheme(&args.transport)?;
-    let mut urls = vec![];
+    /// A database to bring to a known state, and whether the queue table is in it.
+    enum Db {
+        Postgres { queue: bool },
+        Sqlite,
+    }
+    let mut dbs: Vec<(&str, Db)> = vec![];
     if args.store != args.transport {
-        urls.push((args.store.as_str(), store_scheme(&args.store)?, false));
+        match StoreKind::from_url(&args.store)? {
+            StoreKind::Postgres => dbs.push((&args.store, Db::Postgres { queue: false })),
+            StoreKind::Sqlite => dbs.push((&args.store, Db::Sqlite)),
+            StoreKind::MySql => {}
+        }
     }
-    if queue != "amqp" {
-        urls.push((args.transport.as_str(), queue, true));
+    match Bus::kind_of(&args.transport)? {
+        TransportKind::Postgres => dbs.push((&args.transport, Db::Postgres { queue: true })),
+        TransportKind::Sqlite => dbs.push((&args.transport, Db::Sqlite)),
+        TransportKind::Amqp => {}
     }
-    for (url, scheme, is_queue) in urls {
-        match scheme {
-            "postgres" => {
+    for (url, db) in dbs {
+        match db {
+            Db::Postgres { queue } => {
                 let mut c = sqlx::PgConnection::connect(url).await?;
-                if is_queue {
+                if queue {
                     sqlx::raw_sql("VACUUM ANALYZE jo_queue")
                         .execute(&mut c)
                         .await?;
@@ -636,14 +639,13 @@ async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
                 }
                 c.close().await?;
             }
-            "sqlite" => {
+            Db::Sqlite => {
                 let mut c = sqlx::SqliteConnection::connect(url).await?;
                 sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)")
                     .execute(&mut c)
                     .await?;
                 c.close().await?;
             }
-            _ => {}
         }
     }
     Ok(())
@@ -690,7 +692,7 @@ async fn start<B: Bank>(
             let mut tasks = Vec::new();
             for _ in 0..args.concurrency {
                 let (source, bank, tables, clock, stop) = (
-                    bus.source(),
+                    bus.source()?,
                     bank.clone(),
                     tables.clone(),
                     clock.clone(),
@@ -728,7 +730,7 @@ async fn start<B: Bank>(
     if args.unordered {
         handler = handler.unordered();
     }
-    let consumer = Consumer::with_shared(opts, bus.source(), Arc::new(bank.clone()), handler)?
+    let consumer = Consumer::with_shared(opts, bus.source()?, Arc::new(bank.clone()), handler)?
         .with_fault_hook(Arc::new(CommitClock(clock)));
     Ok(tokio::spawn(async move {
         consumer

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
+use justonce::backend::{StoreKind, TransportKind};
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Semantics};
 
@@ -94,34 +95,17 @@ impl Variant {
     }
 }
 
-/// The backend name of a store URL, or an error naming what is supported.
-pub(crate) fn store_scheme(url: &str) -> anyhow::Result<&'static str> {
-    if url.starts_with("sqlite:") {
-        Ok("sqlite")
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok("postgres")
-    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-        Ok("mysql")
-    } else {
-        let scheme = url.split(':').next().unwrap_or_default();
-        bail!(
-            "the {scheme} store is not supported: use sqlite:PATH (the embedded default), \
-             postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB (MariaDB)"
-        )
-    }
-}
-
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.messages == 0 {
         bail!("--messages must be at least 1");
     }
     let transport = match &args.transport {
-        Some(url) => Bus::scheme(url)?,
-        None => "sqlite",
+        Some(url) => Bus::kind_of(url)?,
+        None => TransportKind::Sqlite,
     };
     let store = match &args.store {
-        Some(url) => store_scheme(url)?,
-        None => "sqlite",
+        Some(url) => StoreKind::from_url(url)?,
+        None => StoreKind::Sqlite,
     };
     let tmp = tempfile::Builder::new()
         .prefix("justonce-demo-")
@@ -131,8 +115,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut report = Report {
         messages: args.messages,
         seed: args.seed,
-        transport: transport.into(),
-        store: store.into(),
+        transport: transport.as_str().into(),
+        store: store.as_str().into(),
         strategy: args.strategy.as_str().into(),
         id_strategy: args.id_strategy.as_str().into(),
         faults: plan.planned(),
@@ -146,7 +130,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         })
         .collect();
     // The queue and the business data in one database: the ack can join the transaction.
-    if transport == "postgres" && args.transport == args.store {
+    if transport == TransportKind::Postgres && args.transport == args.store {
         variants.push(Variant {
             semantics: Semantics::EffectivelyOnce,
             ack_in_tx: true,
@@ -166,9 +150,15 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display())),
         };
         let row = match store {
-            "sqlite" => run_one::<SqliteStore>(&args, &plan, variant, &target, &dir, &run_id).await,
-            "postgres" => run_one::<PgStore>(&args, &plan, variant, &target, &dir, &run_id).await,
-            _ => run_one::<MySqlStore>(&args, &plan, variant, &target, &dir, &run_id).await,
+            StoreKind::Sqlite => {
+                run_one::<SqliteStore>(&args, &plan, variant, &target, &dir, &run_id).await
+            }
+            StoreKind::Postgres => {
+                run_one::<PgStore>(&args, &plan, variant, &target, &dir, &run_id).await
+            }
+            StoreKind::MySql => {
+                run_one::<MySqlStore>(&args, &plan, variant, &target, &dir, &run_id).await
+            }
         }
         .with_context(|| format!("the {} run failed", variant.name()))?;
         report.rows.push(row);
@@ -226,24 +216,26 @@ async fn run_one<B: Bank>(
     opts.id_strategy = args.id_strategy.consumer();
     opts.claim_lease = Duration::from_millis(args.lease_ms);
     opts.batch_size = args.batch_size;
-    opts.concurrency = args.concurrency.unwrap_or(match B::backend(&store) {
-        "sqlite" => 2,
-        _ => 1,
+    opts.concurrency = args.concurrency.unwrap_or(match B::KIND {
+        StoreKind::Sqlite => 2,
+        StoreKind::Postgres | StoreKind::MySql => 1,
     });
     opts.seed = args.seed;
     opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
-    let mut consumer = Consumer::with_shared(opts, bus.source(), Arc::new(store.clone()), handler)?
-        .with_fault_hook(faults.clone());
+    let mut consumer =
+        Consumer::with_shared(opts, bus.source()?, Arc::new(store.clone()), handler)?
+            .with_fault_hook(faults.clone());
     if args.strategy == Strategy::Claim {
-        let url = match B::backend(&store) {
-            "sqlite" => sqlite_in("claims.db"),
-            _ => target.store.clone(),
+        let url = match B::KIND {
+            StoreKind::Sqlite => sqlite_in("claims.db"),
+            StoreKind::Postgres | StoreKind::MySql => target.store.clone(),
         };
         consumer = consumer.with_claims(store.claims(&url, &tables).await?);
     }
     if variant.ack_in_tx {
-        let acker = B::transactional_ack(&bus)
+        let acker = bus
+            .transactional_ack::<B::Tx>()
             .context("the transport cannot ack inside this store's transactions")?;
         consumer = consumer.with_transactional_ack(acker);
     }
@@ -283,7 +275,7 @@ async fn run_one<B: Bank>(
     let deliveries = bus.deliveries().await?;
     let dead_lettered = bus.dead_lettered().await?;
     bus.cleanup().await?;
-    if B::backend(&store) != "sqlite" {
+    if B::KIND != StoreKind::Sqlite {
         store.drop_tables(&tables).await?;
     }
     Ok(Row {

@@ -16,6 +16,7 @@ mod run;
 use std::path::PathBuf;
 
 use anyhow::bail;
+use justonce::backend::{LocalService, StoreKind, TransportKind};
 use justonce::Semantics;
 use serde::Serialize;
 
@@ -70,15 +71,17 @@ impl FaultClass {
         }
     }
 
-    /// Whether the class can hit a pipeline on `transport` and `store` (backend names).
-    pub(crate) fn applies(self, transport: &str, store: &str) -> bool {
-        let networked = transport != "sqlite" || store != "sqlite";
+    /// Whether the class can hit a pipeline on `transport` and `store`.
+    pub(crate) fn applies(self, transport: TransportKind, store: StoreKind) -> bool {
+        let networked = transport != TransportKind::Sqlite || store != StoreKind::Sqlite;
         match self {
             FaultClass::Kill | FaultClass::Pause => true,
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
-            FaultClass::BrokerRestart => transport == "amqp",
-            FaultClass::DbRestart => transport == "postgres" || store == "postgres",
-            FaultClass::Schema => store == "postgres" || store == "mysql",
+            FaultClass::BrokerRestart => transport == TransportKind::Amqp,
+            FaultClass::DbRestart => {
+                transport == TransportKind::Postgres || store == StoreKind::Postgres
+            }
+            FaultClass::Schema => store != StoreKind::Sqlite,
         }
     }
 }
@@ -169,18 +172,18 @@ pub(crate) struct FaultCounts {
     pub(crate) duplicate_publishes: u64,
 }
 
-/// The default local URL of a service, from its environment variable, if it answers.
-fn local(service: &str, addr: &str, var: &str, default: &str) -> Option<String> {
-    if std::net::TcpStream::connect_timeout(
-        &addr.parse().ok()?,
-        std::time::Duration::from_millis(300),
-    )
-    .is_err()
-    {
-        eprintln!("lab: {service} at {addr} is not reachable; its pairs are left out");
+/// The URL of a local service, if it answers.
+fn local(service: LocalService) -> Option<String> {
+    let addr = service.addr().parse().ok()?;
+    if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)).is_err() {
+        eprintln!(
+            "lab: {} at {} is not reachable; its pairs are left out",
+            service.name(),
+            service.addr()
+        );
         return None;
     }
-    Some(std::env::var(var).unwrap_or_else(|_| default.into()))
+    Some(service.url())
 }
 
 pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
@@ -207,24 +210,9 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let amqp = local(
-        "RabbitMQ",
-        "127.0.0.1:5672",
-        "JUSTONCE_AMQP_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-    );
-    let pg = local(
-        "PostgreSQL",
-        "127.0.0.1:5432",
-        "JUSTONCE_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let my = local(
-        "MariaDB",
-        "127.0.0.1:3306",
-        "JUSTONCE_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-    );
+    let amqp = local(LocalService::RabbitMq);
+    let pg = local(LocalService::Postgres);
+    let my = local(LocalService::MariaDb);
     // `None` is the embedded SQLite default; an unreachable service is left out.
     let transports: Vec<Option<String>> = [None]
         .into_iter()
@@ -237,14 +225,14 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for transport in &transports {
         for store in &stores {
-            let t_name = transport
+            let t_kind = transport
                 .as_deref()
-                .map_or(Ok("sqlite"), crate::bus::Bus::scheme)?;
-            let s_name = store
+                .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)?;
+            let s_kind = store
                 .as_deref()
-                .map_or(Ok("sqlite"), crate::demo::store_scheme)?;
+                .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)?;
             for class in FaultClass::ALL {
-                if !class.applies(t_name, s_name)
+                if !class.applies(t_kind, s_kind)
                     || (!args.faults.is_empty() && !args.faults.contains(&class))
                 {
                     continue;

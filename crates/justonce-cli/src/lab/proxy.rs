@@ -177,10 +177,10 @@ mod tests {
     fn urls_are_pointed_at_the_proxy() {
         let addr = "127.0.0.1:4000".parse().unwrap();
         assert_eq!(
-            through("amqp://guest:guest@127.0.0.1:5672/%2f", addr).unwrap(),
+            through("mysql://root:secret@127.0.0.1:3306/test", addr).unwrap(),
             (
-                "amqp://guest:guest@127.0.0.1:4000/%2f".into(),
-                "127.0.0.1:5672".into()
+                "mysql://root:secret@127.0.0.1:4000/test".into(),
+                "127.0.0.1:3306".into()
             )
         );
         assert_eq!(

@@ -18,9 +18,10 @@ use tokio::sync::mpsc;
 use super::plot::Samples;
 use super::proxy::{through, FaultProxy};
 use super::{FaultClass, FaultCounts, LabArgs, LabReport};
-use crate::bus::{Bus, Sink, Topology};
+use crate::bus::{Bus, Topology};
 use crate::demo::plan::Plan;
 use crate::orders::{Bank, Tables};
+use justonce::backend::{StoreKind, TransportKind};
 
 /// The consumers' payload limit (the plan's oversized poison is one byte over).
 const MAX_PAYLOAD: usize = 16 * 1024;
@@ -49,8 +50,8 @@ pub(crate) struct Scenario {
     name: String,
     transport: Option<String>,
     store: Option<String>,
-    t_name: &'static str,
-    s_name: &'static str,
+    t_kind: TransportKind,
+    s_kind: StoreKind,
     semantics: Semantics,
     messages: u64,
     workers: usize,
@@ -68,15 +69,19 @@ impl Scenario {
         store: Option<String>,
         faults: Vec<FaultClass>,
     ) -> anyhow::Result<Self> {
-        let t_name = transport.as_deref().map_or(Ok("sqlite"), Bus::scheme)?;
-        let s_name = store
+        let t_kind = transport
             .as_deref()
-            .map_or(Ok("sqlite"), crate::demo::store_scheme)?;
+            .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)?;
+        let s_kind = store
+            .as_deref()
+            .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)?;
         for f in &faults {
-            if !f.applies(t_name, s_name) {
+            if !f.applies(t_kind, s_kind) {
                 bail!(
-                    "the {} fault does not apply to transport {t_name} with store {s_name}",
-                    f.as_str()
+                    "the {} fault does not apply to transport {} with store {}",
+                    f.as_str(),
+                    t_kind.as_str(),
+                    s_kind.as_str()
                 );
             }
         }
@@ -87,7 +92,7 @@ impl Scenario {
         let faults = if faults.is_empty() {
             FaultClass::ALL
                 .into_iter()
-                .filter(|f| f.applies(t_name, s_name))
+                .filter(|f| f.applies(t_kind, s_kind))
                 .collect()
         } else {
             faults
@@ -99,8 +104,8 @@ impl Scenario {
             name,
             transport,
             store,
-            t_name,
-            s_name,
+            t_kind,
+            s_kind,
             semantics: args.semantics,
             messages: args.messages,
             workers: args.workers,
@@ -117,8 +122,8 @@ impl Scenario {
     pub(crate) fn failed(&self, why: String) -> LabReport {
         LabReport {
             scenario: self.name.clone(),
-            transport: self.t_name.into(),
-            store: self.s_name.into(),
+            transport: self.t_kind.as_str().into(),
+            store: self.s_kind.as_str().into(),
             semantics: self.semantics.as_str().into(),
             seed: self.seed,
             messages: self.messages,
@@ -145,10 +150,10 @@ impl Scenario {
         progress: bool,
         plot: Option<&Path>,
     ) -> anyhow::Result<LabReport> {
-        match self.s_name {
-            "sqlite" => self.run_on::<SqliteStore>(exe, progress, plot).await,
-            "postgres" => self.run_on::<PgStore>(exe, progress, plot).await,
-            _ => self.run_on::<MySqlStore>(exe, progress, plot).await,
+        match self.s_kind {
+            StoreKind::Sqlite => self.run_on::<SqliteStore>(exe, progress, plot).await,
+            StoreKind::Postgres => self.run_on::<PgStore>(exe, progress, plot).await,
+            StoreKind::MySql => self.run_on::<MySqlStore>(exe, progress, plot).await,
         }
     }
 
@@ -170,11 +175,12 @@ impl Scenario {
         // The checker's own connections, straight to the services.
         let store = B::open(&store_url, &tables).await?;
         store.setup(&tables, &[]).await?;
-        let sink = Sink::open(&transport, &queue, &self.topology).await?;
+        let sink = Bus::open_publisher(&transport, &queue, &self.topology).await?;
 
         // The workers' and the publisher's connections go through the fault proxies.
-        let (t_proxy, worker_transport) = proxied(&transport).await?;
-        let (s_proxy, worker_store) = proxied(&store_url).await?;
+        let (t_proxy, worker_transport) =
+            proxied(&transport, self.t_kind != TransportKind::Sqlite).await?;
+        let (s_proxy, worker_store) = proxied(&store_url, self.s_kind != StoreKind::Sqlite).await?;
         let proxies: Vec<Arc<FaultProxy>> = [t_proxy, s_proxy].into_iter().flatten().collect();
 
         let mut rng = fastrand::Rng::with_seed(self.seed);
@@ -336,7 +342,7 @@ impl Scenario {
             let (Ok(deliveries), Ok(effects), Ok(backlog)) = (
                 store.delivery_counts(&tables).await.map(|d| d.0),
                 store.ledger_rows(&tables).await,
-                sink.backlog().await,
+                sink.pending().await,
             ) else {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
@@ -393,7 +399,7 @@ impl Scenario {
                 for w in &mut workers {
                     w.terminate().await;
                 }
-                if sink.backlog().await.unwrap_or(1) == 0 || rounds >= 10 {
+                if sink.pending().await.unwrap_or(1) == 0 || rounds >= 10 {
                     break Instant::now();
                 }
                 rounds += 1;
@@ -417,8 +423,8 @@ impl Scenario {
         let (lost, duplicate_effects) = effects.check(plan.well_formed());
         let (deliveries, redeliveries) = store.delivery_counts(&tables).await?;
         let letters = sink.dead_letters().await?;
-        let dead_lettered = Sink::distinct(&letters);
-        let backlog = sink.backlog().await?;
+        let dead_lettered = crate::bus::distinct(&letters);
+        let backlog = sink.pending().await?;
         let elapsed = started.elapsed().as_secs_f64();
         let mut why = Vec::new();
         let poison: std::collections::HashSet<&str> = plan
@@ -427,10 +433,12 @@ impl Scenario {
             .filter(|o| o.poison)
             .map(|o| o.order_id.as_str())
             .collect();
-        let good_dead = letters
-            .iter()
-            .filter(|m| m.id().is_some_and(|id| !poison.contains(id.as_str())))
-            .count();
+        let well_formed = |d: &&justonce::DeadLetter| {
+            d.message
+                .id()
+                .is_some_and(|id| !poison.contains(id.as_str()))
+        };
+        let good_dead = letters.iter().filter(well_formed).count();
         if good_dead > 0 && lost == 0 {
             why.push(format!(
                 "{good_dead} well-formed orders dead-lettered (and applied all the same)"
@@ -441,17 +449,8 @@ impl Scenario {
             // Well-formed orders in the dead-letter queue are not silently lost: say why.
             let mut reasons: Vec<String> = letters
                 .iter()
-                .filter(|m| m.id().is_some_and(|id| !poison.contains(id.as_str())))
-                .map(|m| {
-                    let h = m.headers();
-                    h.get(justonce::DeadLetterReason::ERROR)
-                        .cloned()
-                        .or_else(|| {
-                            h.get("x-first-death-reason")
-                                .map(|r| format!("broker: {r}"))
-                        })
-                        .unwrap_or_else(|| "no reason header".into())
-                })
+                .filter(well_formed)
+                .map(|d| d.reason.error.clone())
                 .collect();
             if !reasons.is_empty() {
                 let n = reasons.len();
@@ -511,7 +510,7 @@ impl Scenario {
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
         sink.cleanup().await?;
-        if self.s_name != "sqlite" {
+        if self.s_kind != StoreKind::Sqlite {
             store.drop_tables(&tables).await?;
         }
         Ok(report)
@@ -542,9 +541,10 @@ async fn wait_ready(
     Ok(())
 }
 
-/// A proxy in front of `url`'s server, and the URL through it; none for SQLite.
-async fn proxied(url: &str) -> anyhow::Result<(Option<Arc<FaultProxy>>, String)> {
-    if url.starts_with("sqlite:") {
+/// A proxy in front of `url`'s server, and the URL through it; none when the backend has
+/// no server (SQLite).
+async fn proxied(url: &str, networked: bool) -> anyhow::Result<(Option<Arc<FaultProxy>>, String)> {
+    if !networked {
         return Ok((None, url.to_owned()));
     }
     let probe: SocketAddr = "127.0.0.1:0".parse()?;
@@ -832,15 +832,15 @@ impl SchemaFault {
         } else {
             (self.table.as_str(), away.as_str())
         };
-        match crate::demo::store_scheme(&self.url)? {
-            "postgres" => {
+        match StoreKind::from_url(&self.url)? {
+            StoreKind::Postgres => {
                 let mut c = sqlx::PgConnection::connect(&self.url).await?;
                 sqlx::query(&format!("ALTER TABLE {from} RENAME TO {to}"))
                     .execute(&mut c)
                     .await?;
                 c.close().await?;
             }
-            "mysql" => {
+            StoreKind::MySql => {
                 let url = self.url.replacen("mariadb://", "mysql://", 1);
                 let mut c = sqlx::MySqlConnection::connect(&url).await?;
                 sqlx::query(&format!("RENAME TABLE {from} TO {to}"))
@@ -848,8 +848,8 @@ impl SchemaFault {
                     .await?;
                 c.close().await?;
             }
-            other => {
-                anyhow::bail!("the schema fault needs a PostgreSQL or MariaDB store, not {other}")
+            StoreKind::Sqlite => {
+                anyhow::bail!("the schema fault needs a PostgreSQL or MariaDB store")
             }
         }
         Ok(())

@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{DeadLetterReason, Delivery, Message, Publisher, Receipt, Result, Source};
+use crate::{
+    DeadLetter, DeadLetterReason, Delivery, Inspect, Message, Publisher, Receipt, Result, Source,
+};
 
 /// An in-memory queue with leases, attempts and a dead-letter list.
 ///
@@ -224,6 +226,30 @@ impl Publisher for MemoryQueue {
             }
         }
         self.notify.notify_waiters();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Inspect for MemoryQueue {
+    async fn pending(&self) -> Result<u64> {
+        Ok(self.len() as u64)
+    }
+
+    async fn deliveries(&self) -> Result<Option<u64>> {
+        Ok(Some(MemoryQueue::deliveries(self)))
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        Ok(self
+            .lock()
+            .dead
+            .iter()
+            .map(|(m, r)| DeadLetter::new(m.clone(), r.clone()))
+            .collect())
+    }
+
+    async fn cleanup(&self) -> Result<()> {
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{connect, create, PgTx, MS};
-use crate::queue::{dead_letter, message_from_row, DeadLetter, QueueStats};
+use crate::queue::{message_from_row, DeadLetter, QueueStats};
 
 /// The channel publishes notify on; the payload is the queue's name.
 const CHANNEL: &str = "jo_queue";
@@ -202,7 +202,7 @@ impl PgQueue {
                     source_queue: self.queue.clone(),
                     consumer: r.get("consumer"),
                 };
-                dead_letter(row_message(r), reason)
+                DeadLetter::new(row_message(r), reason)
             })
             .collect())
     }
@@ -516,5 +516,25 @@ impl Publisher for PgQueue {
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl justonce_core::Inspect for PgQueue {
+    async fn pending(&self) -> Result<u64> {
+        Ok(self.stats().await?.pending)
+    }
+
+    async fn deliveries(&self) -> Result<Option<u64>> {
+        Ok(Some(self.stats().await?.deliveries))
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        PgQueue::dead_letters(self).await
+    }
+
+    /// Deletes this queue's rows, its dead letters and its counters.
+    async fn cleanup(&self) -> Result<()> {
+        self.delete().await
     }
 }

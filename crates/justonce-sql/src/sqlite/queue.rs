@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{connect, NOW_MS};
-use crate::queue::{dead_letter, message_from_row, DeadLetter, QueueStats};
+use crate::queue::{message_from_row, DeadLetter, QueueStats};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_queue (
@@ -174,9 +174,23 @@ impl SqliteQueue {
                     source_queue: self.queue.clone(),
                     consumer: r.get("consumer"),
                 };
-                Ok(dead_letter(message, reason))
+                Ok(DeadLetter::new(message, reason))
             })
             .collect()
+    }
+
+    /// Deletes this queue's rows, its dead letters and its counters (the file and the other
+    /// queues in it stay).
+    pub async fn delete(&self) -> Result<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for table in ["jo_queue", "jo_dead_letter", "jo_queue_stats"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE queue = ?"))
+                .bind(&self.queue)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn receive_now(&self, max: usize) -> Result<Vec<Delivery>> {
@@ -387,5 +401,25 @@ impl Publisher for SqliteQueue {
         tx.commit().await?;
         self.notify.notify_waiters();
         Ok(())
+    }
+}
+
+#[async_trait]
+impl justonce_core::Inspect for SqliteQueue {
+    async fn pending(&self) -> Result<u64> {
+        Ok(self.stats().await?.pending)
+    }
+
+    async fn deliveries(&self) -> Result<Option<u64>> {
+        Ok(Some(self.stats().await?.deliveries))
+    }
+
+    async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        SqliteQueue::dead_letters(self).await
+    }
+
+    /// Deletes this queue's rows, its dead letters and its counters.
+    async fn cleanup(&self) -> Result<()> {
+        self.delete().await
     }
 }

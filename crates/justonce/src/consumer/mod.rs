@@ -291,7 +291,9 @@ where
     }
 
     /// Runs `concurrency` batch loops until `shutdown` resolves, then stops receiving,
-    /// finishes the batches in flight (commit and ack) and returns.
+    /// finishes the batches in flight (commit and ack) and returns. A receive under way
+    /// when `shutdown` resolves is not cancelled: it returns within `receive_wait`, and
+    /// what it got goes back to the queue without counting an attempt.
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         self.check_ready()?;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -354,10 +356,17 @@ where
     async fn worker(&self, worker: usize, mut stop: watch::Receiver<bool>) -> Result<()> {
         let mut failures = 0u32;
         while !*stop.borrow() {
-            let batch = tokio::select! {
-                _ = stop.changed() => break,
-                b = self.receive_batch() => b,
-            };
+            // A receive is not cancelled when the shutdown comes: a SQL queue's receive is a
+            // write transaction, and one dropped midway leaves its connection holding the
+            // write lock until that connection is used again. It returns within
+            // `receive_wait`; what it got then goes back, uncounted.
+            let batch = self.receive_batch().await;
+            if *stop.borrow() {
+                if let Ok(b) = &batch {
+                    self.give_back(b).await;
+                }
+                break;
+            }
             let result = match batch {
                 Ok(b) if b.is_empty() => continue,
                 Ok(b) => {

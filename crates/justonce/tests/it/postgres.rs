@@ -57,7 +57,9 @@ fn pg_ctl(action: &str) -> std::io::Result<std::process::Output> {
         .output()
 }
 
-/// The restart tests restart the one PostgreSQL server: one at a time.
+/// The restart tests restart the one PostgreSQL server: one at a time, and no other test of
+/// this file runs meanwhile. Taken before the service check, which a restart in progress
+/// would fail.
 static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where the orders wait: the embedded SQLite queue, or a PostgreSQL queue in the database
@@ -87,6 +89,7 @@ impl Queue {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
+    let _one_at_a_time = RESTARTS.lock().await;
     let Some(url) = url() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut qopts = SqliteQueueOptions::default();
@@ -105,6 +108,7 @@ async fn a_postgres_restart_mid_consume_loses_nothing_and_duplicates_nothing() {
 /// the batch in flight rolls back with its acks, and comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_queue_acking_in_the_transaction_survives_a_restart() {
+    let _one_at_a_time = RESTARTS.lock().await;
     let Some(url) = url() else { return };
     let mut qopts = PgQueueOptions::default();
     qopts.lease = Duration::from_secs(2);
@@ -119,7 +123,6 @@ async fn a_postgres_queue_acking_in_the_transaction_survives_a_restart() {
 /// ledger: every order exactly once.
 async fn consume_through_a_restart(url: &str, queue: Queue) {
     const ORDERS: usize = 3000;
-    let _one_at_a_time = RESTARTS.lock().await;
     let msgs: Vec<Message> = (0..ORDERS)
         .map(|i| Message::new("{}").with_id(format!("o-{i:05}")).unwrap())
         .collect();
@@ -241,6 +244,7 @@ async fn postmaster_start(store: &PgStore) -> String {
 /// message's fault fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering() {
+    let _one_at_a_time = RESTARTS.lock().await;
     let Some(url) = url() else { return };
     const ORDERS: usize = 50;
     let dir = tempfile::tempdir().unwrap();

@@ -43,6 +43,10 @@ impl Source for Recording<Arc<MemoryQueue>> {
         self.log.lock().unwrap().push("nack");
         self.inner.nack(receipt, delay).await
     }
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        self.log.lock().unwrap().push("release");
+        self.inner.release(receipts).await
+    }
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
         self.log.lock().unwrap().push("dead-letter");
         self.inner.dead_letter(delivery, reason).await

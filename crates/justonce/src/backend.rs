@@ -1,0 +1,430 @@
+//! Backends chosen by URL, in one place.
+//!
+//! A URL names a transport (`sqlite:`, `postgres://`, `amqp://`) or a store (`sqlite:`,
+//! `postgres://`, `mysql://`). [`TransportKind::from_url`] and [`StoreKind::from_url`] parse
+//! it into a kind, with one error that names every supported scheme and the cargo feature
+//! each needs; [`Transport::open_consumer`] and [`Transport::open_publisher`] open the transport as
+//! trait objects. The demo, the worker, the lab and the bench open theirs here, so a new
+//! backend is added once, here, and gets their rows.
+//!
+//! ```no_run
+//! use justonce::backend::{Transport, TransportOptions};
+//!
+//! # async fn run() -> justonce::Result<()> {
+//! let transport = Transport::open_consumer("sqlite:queue.db", "orders", &TransportOptions::default()).await?;
+//! let pending = transport.inspect().pending().await?; // the same call on every transport
+//! # let _ = pending;
+//! # Ok(()) }
+//! ```
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce_core::{redact_url, Error, Inspect, Publisher, Result, Source, TransactionalAck};
+
+/// Every transport scheme, with its feature: for the error that lists them.
+const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
+    postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`) or \
+    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`)";
+
+/// Every store scheme, with its feature.
+const STORES: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
+    postgres://USER@HOST:PORT/DB (feature `postgres`) or \
+    mysql://USER@HOST:PORT/DB (MariaDB or MySQL, feature `mysql`)";
+
+/// A transport, as its URL names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// `sqlite:PATH`: the embedded SQLite queue.
+    Sqlite,
+    /// `postgres://` or `postgresql://`: a queue in PostgreSQL.
+    Postgres,
+    /// `amqp://` or `amqps://`: RabbitMQ.
+    Amqp,
+}
+
+/// A store (business data and dedup records), as its URL names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreKind {
+    /// `sqlite:PATH`.
+    Sqlite,
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://`: MariaDB or MySQL.
+    MySql,
+}
+
+fn scheme_of(url: &str) -> &str {
+    url.split(':').next().unwrap_or_default()
+}
+
+impl TransportKind {
+    /// The transport `url` names, built into this binary; an error naming every supported
+    /// scheme otherwise.
+    ///
+    /// ```
+    /// use justonce::backend::TransportKind;
+    ///
+    /// assert_eq!(TransportKind::from_url("sqlite:queue.db").unwrap(), TransportKind::Sqlite);
+    /// let e = TransportKind::from_url("nats://127.0.0.1:4222").unwrap_err();
+    /// assert!(e.to_string().contains("amqp://"), "{e}");
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let kind = match scheme_of(url) {
+            "sqlite" => TransportKind::Sqlite,
+            "postgres" | "postgresql" => TransportKind::Postgres,
+            "amqp" | "amqps" => TransportKind::Amqp,
+            "mysql" | "mariadb" => {
+                return Err(Error::config(format!(
+                    "`{}` names a store, not a transport: MariaDB holds business data and dedup \
+                     records (--store); use {TRANSPORTS}",
+                    redact_url(url)
+                )))
+            }
+            other => {
+                return Err(Error::config(format!(
+                    "the {other} transport is not built yet: use {TRANSPORTS}; NATS JetStream, \
+                     Redis and Kafka transports are planned"
+                )))
+            }
+        };
+        if !kind.built() {
+            return Err(Error::config(format!(
+                "the {} transport needs justonce's `{}` feature",
+                kind.as_str(),
+                kind.feature()
+            )));
+        }
+        Ok(kind)
+    }
+
+    /// The kind's name in reports: `sqlite`, `postgres`, `amqp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Sqlite => "sqlite",
+            TransportKind::Postgres => "postgres",
+            TransportKind::Amqp => "amqp",
+        }
+    }
+
+    /// The cargo feature of `justonce` that builds it.
+    pub fn feature(self) -> &'static str {
+        match self {
+            TransportKind::Sqlite => "sqlite",
+            TransportKind::Postgres => "postgres",
+            TransportKind::Amqp => "amqp",
+        }
+    }
+
+    fn built(self) -> bool {
+        match self {
+            TransportKind::Sqlite => cfg!(feature = "sqlite"),
+            TransportKind::Postgres => cfg!(feature = "postgres"),
+            TransportKind::Amqp => cfg!(feature = "amqp"),
+        }
+    }
+}
+
+impl StoreKind {
+    /// The store `url` names, built into this binary; an error naming every supported
+    /// scheme otherwise.
+    ///
+    /// ```
+    /// use justonce::backend::StoreKind;
+    ///
+    /// assert_eq!(StoreKind::from_url("sqlite:app.db").unwrap(), StoreKind::Sqlite);
+    /// assert!(StoreKind::from_url("amqp://localhost").is_err());
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let kind = match scheme_of(url) {
+            "sqlite" => StoreKind::Sqlite,
+            "postgres" | "postgresql" => StoreKind::Postgres,
+            "mysql" | "mariadb" => StoreKind::MySql,
+            other => {
+                return Err(Error::config(format!(
+                    "the {other} store is not supported: use {STORES}"
+                )))
+            }
+        };
+        if !kind.built() {
+            return Err(Error::config(format!(
+                "the {} store needs justonce's `{}` feature",
+                kind.as_str(),
+                kind.feature()
+            )));
+        }
+        Ok(kind)
+    }
+
+    /// The kind's name in reports: `sqlite`, `postgres`, `mysql`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "sqlite",
+            StoreKind::Postgres => "postgres",
+            StoreKind::MySql => "mysql",
+        }
+    }
+
+    /// The cargo feature of `justonce` that builds it.
+    pub fn feature(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "sqlite",
+            StoreKind::Postgres => "postgres",
+            StoreKind::MySql => "mysql",
+        }
+    }
+
+    fn built(self) -> bool {
+        match self {
+            StoreKind::Sqlite => cfg!(feature = "sqlite"),
+            StoreKind::Postgres => cfg!(feature = "postgres"),
+            StoreKind::MySql => cfg!(feature = "mysql"),
+        }
+    }
+}
+
+/// How a transport is opened. Plain data with chained setters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TransportOptions {
+    /// The SQL queues' lease: how long a delivery waits for its settlement before it is
+    /// delivered again.
+    pub lease: Duration,
+    /// RabbitMQ's prefetch, unless `amqp` says otherwise.
+    pub prefetch: u16,
+    /// RabbitMQ's topology; `None`: `AmqpOptions::new(queue)`.
+    #[cfg(feature = "amqp")]
+    pub amqp: Option<justonce_amqp::AmqpOptions>,
+}
+
+impl Default for TransportOptions {
+    /// A lease of 30 s, a prefetch of 200.
+    fn default() -> Self {
+        TransportOptions {
+            lease: Duration::from_secs(30),
+            prefetch: 200,
+            #[cfg(feature = "amqp")]
+            amqp: None,
+        }
+    }
+}
+
+impl TransportOptions {
+    /// Sets [`TransportOptions::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets [`TransportOptions::prefetch`].
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Sets RabbitMQ's topology ([`TransportOptions::amqp`]); its queue must be the one
+    /// opened.
+    #[cfg(feature = "amqp")]
+    pub fn amqp(mut self, amqp: justonce_amqp::AmqpOptions) -> Self {
+        self.amqp = Some(amqp);
+        self
+    }
+}
+
+/// An open transport, as trait objects: where deliveries come from (when opened to
+/// consume), where messages go, and what tools count.
+#[derive(Clone)]
+pub struct Transport {
+    kind: TransportKind,
+    source: Option<Arc<dyn Source>>,
+    publisher: Arc<dyn Publisher>,
+    inspect: Arc<dyn Inspect>,
+    /// An `Arc<dyn TransactionalAck<Tx>>` for the one `Tx` the queue can ack in.
+    tx_ack: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("kind", &self.kind)
+            .field("consumes", &self.source.is_some())
+            .finish()
+    }
+}
+
+impl Transport {
+    /// Opens the queue `queue` of the transport at `url` to consume it (and publish to it).
+    pub async fn open_consumer(url: &str, queue: &str, opts: &TransportOptions) -> Result<Self> {
+        Self::open(url, queue, opts, true).await
+    }
+
+    /// Opens the queue `queue` of the transport at `url` to publish to it and count it,
+    /// never consuming (on RabbitMQ: no consumer on the queue).
+    pub async fn open_publisher(url: &str, queue: &str, opts: &TransportOptions) -> Result<Self> {
+        Self::open(url, queue, opts, false).await
+    }
+
+    #[allow(unused_variables)]
+    async fn open(url: &str, queue: &str, opts: &TransportOptions, consume: bool) -> Result<Self> {
+        let kind = TransportKind::from_url(url)?;
+        match kind {
+            #[cfg(feature = "sqlite")]
+            TransportKind::Sqlite => {
+                let mut o = justonce_sql::SqliteQueueOptions::default();
+                o.lease = opts.lease;
+                let q = Arc::new(justonce_sql::SqliteQueue::open_with(url, queue, o).await?);
+                Ok(Self::sql(kind, q, None))
+            }
+            #[cfg(feature = "postgres")]
+            TransportKind::Postgres => {
+                let mut o = justonce_sql::PgQueueOptions::default();
+                o.lease = opts.lease;
+                let q = Arc::new(justonce_sql::PgQueue::open_with(url, queue, o).await?);
+                let ack: Arc<dyn TransactionalAck<justonce_sql::PgTx>> = q.clone();
+                Ok(Self::sql(kind, q, Some(Arc::new(ack))))
+            }
+            #[cfg(feature = "amqp")]
+            TransportKind::Amqp => {
+                let o = match &opts.amqp {
+                    Some(o) if o.queue == queue => o.clone(),
+                    Some(o) => {
+                        return Err(Error::config(format!(
+                            "the RabbitMQ options are for queue {}, not {queue}",
+                            o.queue
+                        )))
+                    }
+                    None => justonce_amqp::AmqpOptions::new(queue).prefetch(opts.prefetch),
+                };
+                if consume {
+                    let s = Arc::new(justonce_amqp::AmqpSource::connect(url, o).await?);
+                    Ok(Transport {
+                        kind,
+                        source: Some(s.clone()),
+                        publisher: s.clone(),
+                        inspect: s,
+                        tx_ack: None,
+                    })
+                } else {
+                    let p = Arc::new(justonce_amqp::AmqpPublisher::connect(url, o).await?);
+                    Ok(Transport {
+                        kind,
+                        source: None,
+                        publisher: p.clone(),
+                        inspect: p,
+                        tx_ack: None,
+                    })
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::config(format!(
+                "the {} transport needs justonce's `{}` feature",
+                kind.as_str(),
+                kind.feature()
+            ))),
+        }
+    }
+
+    /// A SQL queue: one object consumes, publishes and is counted.
+    #[allow(dead_code)]
+    fn sql<Q>(kind: TransportKind, q: Arc<Q>, tx_ack: Option<Arc<dyn Any + Send + Sync>>) -> Self
+    where
+        Q: Source + Publisher + Inspect + 'static,
+    {
+        Transport {
+            kind,
+            source: Some(q.clone()),
+            publisher: q.clone(),
+            inspect: q,
+            tx_ack,
+        }
+    }
+
+    /// What it is.
+    pub fn kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    /// Where deliveries come from; an error for a transport opened with
+    /// [`Transport::open_publisher`].
+    pub fn source(&self) -> Result<Arc<dyn Source>> {
+        self.source.clone().ok_or_else(|| {
+            Error::config(
+                "this transport was opened to publish (Transport::open_publisher), not to consume",
+            )
+        })
+    }
+
+    /// Where messages go.
+    pub fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    /// What tools count.
+    pub fn inspect(&self) -> Arc<dyn Inspect> {
+        self.inspect.clone()
+    }
+
+    /// The ack inside a store's transaction of type `Tx`, when the queue lives in that
+    /// store's database (a PostgreSQL queue, with `Tx = PgTx`): see
+    /// `Consumer::with_transactional_ack`. `None` for every other pairing.
+    pub fn transactional_ack<Tx: 'static>(&self) -> Option<Arc<dyn TransactionalAck<Tx>>> {
+        self.tx_ack
+            .as_ref()?
+            .downcast_ref::<Arc<dyn TransactionalAck<Tx>>>()
+            .cloned()
+    }
+}
+
+/// A service the tests and `justonce lab --matrix` expect on this machine: its URL from an
+/// environment variable, or the loopback default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LocalService {
+    /// RabbitMQ: `JUSTONCE_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    RabbitMq,
+    /// PostgreSQL: `JUSTONCE_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`.
+    Postgres,
+    /// MariaDB: `JUSTONCE_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`.
+    MariaDb,
+}
+
+impl LocalService {
+    /// The service's name, for people.
+    pub fn name(self) -> &'static str {
+        match self {
+            LocalService::RabbitMq => "RabbitMQ",
+            LocalService::Postgres => "PostgreSQL",
+            LocalService::MariaDb => "MariaDB",
+        }
+    }
+
+    /// The environment variable that overrides the URL.
+    pub fn env_var(self) -> &'static str {
+        match self {
+            LocalService::RabbitMq => "JUSTONCE_AMQP_URL",
+            LocalService::Postgres => "JUSTONCE_POSTGRES_URL",
+            LocalService::MariaDb => "JUSTONCE_MYSQL_URL",
+        }
+    }
+
+    /// The loopback address the default URL points at.
+    pub fn addr(self) -> &'static str {
+        match self {
+            LocalService::RabbitMq => "127.0.0.1:5672",
+            LocalService::Postgres => "127.0.0.1:5432",
+            LocalService::MariaDb => "127.0.0.1:3306",
+        }
+    }
+
+    /// The URL: the environment variable, or the loopback default.
+    pub fn url(self) -> String {
+        std::env::var(self.env_var()).unwrap_or_else(|_| {
+            match self {
+                LocalService::RabbitMq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+                LocalService::Postgres => "postgres://postgres@127.0.0.1:5432/test",
+                LocalService::MariaDb => "mysql://root@127.0.0.1:3306/test",
+            }
+            .to_owned()
+        })
+    }
+}
