@@ -207,7 +207,6 @@ impl<B: Bank> PaymentHandler<B> {
     }
 }
 
-#[async_trait]
 impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
     /// The account row the payment updates: batches take their account locks in account
     /// order, so that concurrent batches never deadlock over two accounts.

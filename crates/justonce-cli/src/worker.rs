@@ -106,10 +106,10 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     } else {
         queue.source()?
     };
-    let mut consumer = Consumer::with_shared(
+    let mut consumer = Consumer::new(
         opts,
         source,
-        Arc::new(store),
+        store,
         PaymentHandler::<B>::new(tables, Strategy::DedupTable, false, None)?,
     )?;
     if args.ack_in_transaction {

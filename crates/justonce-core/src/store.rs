@@ -301,3 +301,65 @@ pub async fn claim_each<S: DedupStore + ?Sized>(
     }
     Ok(out)
 }
+
+/// A shared store is a store: `Consumer::new(opts, queue, Arc::clone(&store), handler)`.
+#[async_trait]
+impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
+    type Tx = T::Tx;
+
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    async fn begin(&self) -> Result<Self::Tx> {
+        (**self).begin().await
+    }
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        (**self).commit(tx).await
+    }
+    async fn rollback(&self, tx: Self::Tx) -> Result<()> {
+        (**self).rollback(tx).await
+    }
+    async fn savepoint(&self, tx: &mut Self::Tx) -> Result<()> {
+        (**self).savepoint(tx).await
+    }
+    async fn release_savepoint(&self, tx: &mut Self::Tx) -> Result<()> {
+        (**self).release_savepoint(tx).await
+    }
+    async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<()> {
+        (**self).rollback_to_savepoint(tx).await
+    }
+}
+
+/// A shared dedup store is a dedup store; every method goes to the shared one, its
+/// overrides included.
+#[async_trait]
+impl<T: DedupStore + ?Sized> DedupStore for std::sync::Arc<T> {
+    async fn claim(&self, tx: &mut Self::Tx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
+        (**self).claim(tx, key, fp).await
+    }
+    async fn claim_many(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Vec<Claim>> {
+        (**self).claim_many(tx, consumer, keys).await
+    }
+    async fn begin_claimed(
+        &self,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<(Self::Tx, Vec<Claim>)> {
+        (**self).begin_claimed(consumer, keys).await
+    }
+    async fn begin_claiming(
+        &self,
+        consumer: &str,
+        messages: &[(&MessageId, &Message)],
+    ) -> Result<(Self::Tx, Vec<Claim>)> {
+        (**self).begin_claiming(consumer, messages).await
+    }
+    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        (**self).purge(retention, batch).await
+    }
+}

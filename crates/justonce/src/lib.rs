@@ -13,14 +13,13 @@
 //!
 //! ```no_run
 //! use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
-//! use justonce::{async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
+//! use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
 //!
 //! #[derive(serde::Deserialize)]
 //! struct Payment { account: i64, amount: i64 }
 //!
 //! struct Credit;
 //!
-//! #[async_trait]
 //! impl Handler<SqliteTx> for Credit {
 //!     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
 //!         let p: Payment = cx.message().decode_json()?; // undecodable: dead-lettered
@@ -82,6 +81,8 @@ pub mod backend;
 pub mod consumer;
 mod shutdown;
 
+/// `#[async_trait]`, for implementing the object-safe seams (`Source`, `Publisher`,
+/// `Store`, `DedupStore`, `ClaimStore`, `Inspect`, `FaultHook`); a [`Handler`] needs none.
 pub use async_trait::async_trait;
 pub use consumer::{
     BatchReport, BreakerOptions, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook,

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use justonce::sql::{SqliteClaimStore, SqliteQueue, SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency,
-    Message, Publisher, Result,
+    Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency, Message,
+    Publisher, Result,
 };
 
 /// Stands in for a mail service that accepts an idempotency key.
@@ -25,7 +25,6 @@ struct SendReceipt {
     mailer: Arc<Mailer>,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for SendReceipt {
     async fn handle(&self, cx: &Context<'_>, _tx: &mut SqliteTx) -> Result<Disposition> {
         let key = cx.idempotency_key().unwrap_or_default(); // "mailer/RCPT-1", same on every delivery

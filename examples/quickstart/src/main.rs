@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher,
-    Result,
+    Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher, Result,
 };
 
 /// A payment as the producer publishes it. A message without one of these fields is a
@@ -20,7 +19,6 @@ struct Payment {
 
 struct Credit;
 
-#[async_trait]
 impl Handler<SqliteTx> for Credit {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         let p: Payment = cx.message().decode_json()?;

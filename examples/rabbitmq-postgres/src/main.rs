@@ -7,9 +7,7 @@
 
 use justonce::amqp::{AmqpOptions, AmqpSource, ExchangeType};
 use justonce::sql::{PgStore, PgTx};
-use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Result,
-};
+use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Result};
 use serde::Deserialize;
 
 /// What the producers publish, as JSON. A message that does not decode (a missing field, a
@@ -25,7 +23,6 @@ struct OrderCreated {
 /// dedup record: both commit, or neither.
 struct Billing;
 
-#[async_trait]
 impl Handler<PgTx> for Billing {
     /// Batches take their account locks in account order: two consumer processes never
     /// deadlock over two accounts.

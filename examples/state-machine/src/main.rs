@@ -6,15 +6,14 @@
 
 use justonce::sql::{SqliteQueue, SqliteStateGuard, SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency,
-    Message, Publisher, Result, StateMachine,
+    Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency, Message,
+    Publisher, Result, StateMachine,
 };
 
 struct MarkPaid {
     guard: SqliteStateGuard,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for MarkPaid {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         let p: serde_json::Value = cx.message().decode_json()?;

@@ -5,13 +5,12 @@
 
 use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency,
-    Message, Publisher, Result,
+    Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency, Message,
+    Publisher, Result,
 };
 
 struct CreateOrder;
 
-#[async_trait]
 impl Handler<SqliteTx> for CreateOrder {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         let order: serde_json::Value = cx.message().decode_json()?;

@@ -9,15 +9,14 @@ use std::time::Duration;
 
 use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx, SqliteVersionGuard};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency,
-    Message, Publisher, Result,
+    Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency, Message,
+    Publisher, Result,
 };
 
 struct SetLimit {
     guard: SqliteVersionGuard,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for SetLimit {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         let change: serde_json::Value = cx.message().decode_json()?;

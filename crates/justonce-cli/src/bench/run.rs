@@ -730,7 +730,7 @@ async fn start<B: Bank>(
     if args.unordered {
         handler = handler.unordered();
     }
-    let consumer = Consumer::with_shared(opts, bus.source()?, Arc::new(bank.clone()), handler)?
+    let consumer = Consumer::new(opts, bus.source()?, bank.clone(), handler)?
         .with_fault_hook(Arc::new(CommitClock(clock)));
     Ok(tokio::spawn(async move {
         consumer

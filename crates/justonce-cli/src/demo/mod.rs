@@ -224,8 +224,7 @@ async fn run_one<B: Bank>(
     opts.max_payload_bytes = args.max_payload_bytes;
     opts.receive_wait = Duration::from_millis(100);
     let mut consumer =
-        Consumer::with_shared(opts, bus.source()?, Arc::new(store.clone()), handler)?
-            .with_fault_hook(faults.clone());
+        Consumer::new(opts, bus.source()?, store.clone(), handler)?.with_fault_hook(faults.clone());
     if args.strategy == Strategy::Claim {
         let url = match B::KIND {
             StoreKind::Sqlite => sqlite_in("claims.db"),

@@ -1,5 +1,4 @@
-use async_trait::async_trait;
-
+use std::future::Future;
 use std::sync::Mutex;
 
 use justonce_core::{Delivery, Disposition, Message, MessageId, Result};
@@ -68,11 +67,16 @@ impl<'a> Context<'a> {
 /// The business logic of a consumer.
 ///
 /// It receives the store's open transaction: every write made through it commits together
-/// with the dedup record, or not at all. It returns a [`Disposition`]; an `Err` is turned
-/// into one by [`Disposition::from_error`] (transient errors retry, the rest dead-letter).
+/// with the dedup record, or not at all. It returns a [`Disposition`]; an `Err` that is the
+/// message's fault is turned into one by [`Disposition::from_error`] (transient errors
+/// retry, the rest dead-letter), and any other fails the batch, which goes back to the
+/// queue while the consumer pauses.
+///
+/// Implement it with plain `async fn`s; the futures must be `Send` (hold no `!Send` value,
+/// such as a `std::sync::MutexGuard`, across an `.await`).
 ///
 /// ```no_run
-/// use justonce::{async_trait, Context, Disposition, Handler, Result};
+/// use justonce::{Context, Disposition, Handler, Result};
 /// use justonce::sql::SqliteTx;
 ///
 /// struct Credit;
@@ -80,7 +84,6 @@ impl<'a> Context<'a> {
 /// #[derive(serde::Deserialize)]
 /// struct Payment { account: i64, cents: i64 }
 ///
-/// #[async_trait]
 /// impl Handler<SqliteTx> for Credit {
 ///     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
 ///         let p: Payment = cx.message().decode_json()?;
@@ -93,10 +96,13 @@ impl<'a> Context<'a> {
 ///     }
 /// }
 /// ```
-#[async_trait]
 pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// Handles one message inside `tx`.
-    async fn handle(&self, cx: &Context<'_>, tx: &mut Tx) -> Result<Disposition>;
+    fn handle(
+        &self,
+        cx: &Context<'_>,
+        tx: &mut Tx,
+    ) -> impl Future<Output = Result<Disposition>> + Send;
 
     /// The row this message's handler will lock first (an account, an order), if it locks
     /// one: the runtime runs each batch in the order of these keys, so that every consumer
@@ -107,14 +113,12 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
     ///
     /// ```
     /// use justonce::{Context, Disposition, Handler, Message, Result};
-    /// # use justonce::async_trait;
     /// # use justonce::memory::MemoryTx;
     /// #[derive(serde::Deserialize)]
     /// struct Payment { account: i64 }
     ///
     /// struct Credit;
     ///
-    /// # #[async_trait]
     /// impl Handler<MemoryTx> for Credit {
     ///     fn lock_key(&self, message: &Message) -> Option<String> {
     ///         let p: Payment = message.decode_json().ok()?; // a bad payload is the handler's to reject
@@ -135,7 +139,12 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// Called instead of [`Handler::handle`] for a message whose claim completed before,
     /// with the result stored then ([`Idempotency::Claim`](crate::Idempotency::Claim) only).
     /// The default does nothing; the delivery is acked either way.
-    async fn on_duplicate(&self, cx: &Context<'_>, result: Option<&[u8]>) {
+    fn on_duplicate(
+        &self,
+        cx: &Context<'_>,
+        result: Option<&[u8]>,
+    ) -> impl Future<Output = ()> + Send {
         let _ = (cx, result);
+        async {}
     }
 }

@@ -48,10 +48,10 @@ pub use options::{ConflictPolicy, ConsumerOptions, Idempotency};
 /// [`ConsumerOptions`].
 ///
 /// ```no_run
-/// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result, async_trait};
+/// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
 /// # use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
 /// # struct MyHandler;
-/// # #[async_trait] impl Handler<SqliteTx> for MyHandler {
+/// # impl Handler<SqliteTx> for MyHandler {
 /// #     async fn handle(&self, _: &Context<'_>, _: &mut SqliteTx) -> Result<Disposition> { Ok(Disposition::Ok) }
 /// # }
 /// # async fn run() -> Result<()> {
@@ -151,7 +151,9 @@ where
     S: DedupStore,
     H: Handler<S::Tx>,
 {
-    /// A consumer of `source` that runs `handler` in transactions of `store`.
+    /// A consumer of `source` that runs `handler` in transactions of `store`. A source or
+    /// store shared with other parts of the program goes in as an `Arc` (an
+    /// `Arc<dyn Source>` from [`Transport`](crate::backend::Transport), an `Arc<PgStore>`).
     ///
     /// Fails when the options are unsafe: an invalid name, a batch size of 0, or a dedup
     /// retention shorter than the redelivery horizon (contract 6 in ARCHITECTURE.md).
@@ -161,16 +163,8 @@ where
         store: S,
         handler: H,
     ) -> Result<Self> {
-        Self::with_shared(opts, Arc::new(source), Arc::new(store), handler)
-    }
-
-    /// As [`Consumer::new`], with a source and store shared with other parts of the program.
-    pub fn with_shared(
-        opts: ConsumerOptions,
-        source: Arc<dyn Source>,
-        store: Arc<S>,
-        handler: H,
-    ) -> Result<Self> {
+        let source: Arc<dyn Source> = Arc::new(source);
+        let store = Arc::new(store);
         justonce_core::validate_consumer_name(&opts.name)?;
         opts.id_strategy.validate()?;
         if opts.batch_size == 0 || opts.concurrency == 0 || opts.max_attempts == 0 {
@@ -228,10 +222,10 @@ where
     ///
     /// ```no_run
     /// # use std::sync::Arc;
-    /// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result, async_trait};
+    /// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
     /// # use justonce::sql::{PgQueue, PgStore, PgTx};
     /// # struct MyHandler;
-    /// # #[async_trait] impl Handler<PgTx> for MyHandler {
+    /// # impl Handler<PgTx> for MyHandler {
     /// #     async fn handle(&self, _: &Context<'_>, _: &mut PgTx) -> Result<Disposition> { Ok(Disposition::Ok) }
     /// # }
     /// # async fn run() -> Result<()> {

@@ -54,7 +54,6 @@ struct Ledger {
     runs: Arc<AtomicU64>,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for Ledger {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         self.runs.fetch_add(1, Ordering::SeqCst);

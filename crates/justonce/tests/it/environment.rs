@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use justonce::memory::{MemoryQueue, MemoryStore, MemoryTx};
 use justonce::{
-    async_trait, BreakerOptions, Consumer, ConsumerOptions, Context, Disposition, Error, ErrorKind,
-    Handler, Message, Publisher, Result, Semantics, Source,
+    BreakerOptions, Consumer, ConsumerOptions, Context, Disposition, Error, ErrorKind, Handler,
+    Message, Publisher, Result, Semantics, Source,
 };
 
 use crate::support::until_empty;
@@ -46,7 +46,6 @@ impl Deploy {
     }
 }
 
-#[async_trait]
 impl Handler<MemoryTx> for Deploy {
     async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
         if self.broken.load(Ordering::SeqCst) {
@@ -91,7 +90,7 @@ async fn run(handler: Deploy, opts: ConsumerOptions) -> (Arc<MemoryQueue>, Memor
     orders(&q, 50).await;
     let store = MemoryStore::new();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(opts, source, Arc::new(store.clone()), handler.clone()).unwrap();
+    let c = Consumer::new(opts, source, store.clone(), handler.clone()).unwrap();
     let fixed = tokio::spawn(handler.fix_after(200));
     c.run_until(until_empty(q.clone())).await.unwrap();
     fixed.await.unwrap();
@@ -127,7 +126,7 @@ async fn the_same_error_taken_for_the_messages_own_dead_letters_them_all_without
     orders(&q, 50).await;
     let store = MemoryStore::new();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(opts, source, Arc::new(store.clone()), handler).unwrap();
+    let c = Consumer::new(opts, source, store.clone(), handler).unwrap();
     c.run_until(until_empty(q.clone())).await.unwrap();
     assert_eq!(q.dead_letters().len(), 50);
     assert!(store.effects().is_empty());
@@ -177,7 +176,7 @@ async fn poison_among_good_messages_is_still_dead_lettered_at_once() {
     q.publish_batch(&batch).await.unwrap();
     let store = MemoryStore::new();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(options(10), source, Arc::new(store.clone()), Picky).unwrap();
+    let c = Consumer::new(options(10), source, store.clone(), Picky).unwrap();
     c.run_until(until_empty(q.clone())).await.unwrap();
     assert_eq!(q.dead_letters().len(), 20);
     assert_eq!(store.effects().len(), 40);
@@ -186,7 +185,6 @@ async fn poison_among_good_messages_is_still_dead_lettered_at_once() {
 /// Dead-letters `bad` payloads, applies the rest.
 struct Picky;
 
-#[async_trait]
 impl Handler<MemoryTx> for Picky {
     async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
         if cx.message().payload() == b"bad" {
@@ -206,7 +204,6 @@ struct Accounts {
     deadlocks: Arc<AtomicU32>,
 }
 
-#[async_trait]
 impl Handler<MemoryTx> for Accounts {
     fn lock_key(&self, message: &Message) -> Option<String> {
         let text = std::str::from_utf8(message.payload()).ok()?;
@@ -236,13 +233,7 @@ async fn a_batch_runs_in_the_order_of_its_lock_keys_keeping_the_order_of_each_ke
     q.publish_batch(&batch).await.unwrap();
     let handler = Accounts::default();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(
-        options(10),
-        source,
-        Arc::new(MemoryStore::new()),
-        handler.clone(),
-    )
-    .unwrap();
+    let c = Consumer::new(options(10), source, MemoryStore::new(), handler.clone()).unwrap();
     c.run_once().await.unwrap();
     assert_eq!(
         *handler.ran.lock().unwrap(),
@@ -268,8 +259,7 @@ async fn a_deadlocked_batch_runs_again_one_message_per_transaction_without_going
     handler.deadlocks.store(1, Ordering::SeqCst);
     let store = MemoryStore::new();
     let source: Arc<dyn Source> = q.clone();
-    let c = Consumer::with_shared(options(8), source, Arc::new(store.clone()), handler.clone())
-        .unwrap();
+    let c = Consumer::new(options(8), source, store.clone(), handler.clone()).unwrap();
     let report = c.run_once().await.unwrap();
     assert_eq!(report.acked, 8, "{report:?}");
     assert_eq!(store.effects().len(), 8);

@@ -8,8 +8,8 @@ use justonce::sql::{
     PgQueue, PgQueueOptions, PgStore, PgStoreOptions, PgTx, SqliteQueue, SqliteQueueOptions,
 };
 use justonce::{
-    async_trait, conformance, Consumer, ConsumerOptions, Context, Disposition, Handler, Message,
-    Publisher, Result, Source,
+    conformance, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher,
+    Result, Source,
 };
 
 fn url() -> Option<String> {
@@ -23,7 +23,6 @@ struct Ledger {
     table: String,
 }
 
-#[async_trait]
 impl Handler<PgTx> for Ledger {
     async fn handle(&self, cx: &Context<'_>, tx: &mut PgTx) -> Result<Disposition> {
         sqlx::query(&format!(
@@ -146,10 +145,10 @@ async fn consume_through_a_restart(url: &str, queue: Queue) {
     opts.receive_wait = Duration::from_millis(100);
     opts.backoff_base = Duration::from_millis(100);
     opts.backoff_max = Duration::from_secs(1);
-    let mut consumer = Consumer::with_shared(
+    let mut consumer = Consumer::new(
         opts,
         queue.source(),
-        Arc::new(store.clone()),
+        store.clone(),
         Ledger {
             table: ledger.clone(),
         },

@@ -34,7 +34,7 @@ fn consumer(
     script: &Script,
 ) -> Consumer<MemoryStore, Script> {
     let source: Arc<dyn Source> = q.clone();
-    Consumer::with_shared(opts, source, Arc::new(store.clone()), script.clone()).unwrap()
+    Consumer::new(opts, source, store.clone(), script.clone()).unwrap()
 }
 
 #[tokio::test]
@@ -357,10 +357,10 @@ async fn retention_shorter_than_the_redelivery_horizon_refuses_to_start() {
     opts.max_attempts = 5;
     opts.backoff_max = Duration::from_secs(60);
     opts.retention = Some(Duration::from_secs(300));
-    let err = Consumer::with_shared(
+    let err = Consumer::new(
         opts.clone(),
         q.clone(),
-        Arc::new(MemoryStore::new()),
+        MemoryStore::new(),
         Script::default(),
     )
     .err()
@@ -369,7 +369,5 @@ async fn retention_shorter_than_the_redelivery_horizon_refuses_to_start() {
     // 4 retries x 60 s + 5 x 30 s lease = 390 s.
     assert!(text.contains("300s") && text.contains("390s"), "{text}");
     opts.retention = Some(Duration::from_secs(24 * 3600));
-    assert!(
-        Consumer::with_shared(opts, q, Arc::new(MemoryStore::new()), Script::default()).is_ok()
-    );
+    assert!(Consumer::new(opts, q, MemoryStore::new(), Script::default()).is_ok());
 }

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use justonce::sql::{SqliteQueue, SqliteQueueOptions, SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher,
-    Result,
+    Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher, Result,
 };
 
 struct Ledger;
@@ -17,7 +16,6 @@ struct Entry {
     amount: i64,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for Ledger {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         let e: Entry = cx.message().decode_json()?;

@@ -9,8 +9,8 @@ use justonce::sql::{
     SqliteVersionGuard,
 };
 use justonce::{
-    async_trait, Consumer, ConsumerOptions, Context, Disposition, Handler, Idempotency, Message,
-    Publisher, Result, StateMachine,
+    Consumer, ConsumerOptions, Context, Disposition, Handler, Idempotency, Message, Publisher,
+    Result, StateMachine,
 };
 use sqlx::SqlitePool;
 
@@ -45,7 +45,6 @@ struct Pay {
     duplicates_seen: Arc<Mutex<Vec<Option<Vec<u8>>>>>,
 }
 
-#[async_trait]
 impl Handler<SqliteTx> for Pay {
     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
         if self.fail_first && cx.attempt() == 1 {

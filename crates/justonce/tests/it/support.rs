@@ -111,7 +111,6 @@ impl Script {
     }
 }
 
-#[async_trait]
 impl Handler<MemoryTx> for Script {
     async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
         self.runs.fetch_add(1, Ordering::SeqCst);
