@@ -18,7 +18,6 @@
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 mod backoff;
-pub mod conformance;
 mod delivery;
 mod error;
 mod id;
@@ -29,7 +28,7 @@ mod message;
 mod semantics;
 #[cfg(feature = "sqlx")]
 mod sqlx_error;
-mod store;
+pub mod store;
 mod transport;
 mod url;
 
@@ -42,7 +41,6 @@ pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{
-    begin_then_claim, begin_while_hashing, claim_each, hash_then_begin_claimed,
     validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,
 };
 pub use transport::{Publisher, Source, TransactionalAck};

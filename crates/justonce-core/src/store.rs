@@ -80,33 +80,24 @@ pub trait DedupStore: Store {
         consumer: &str,
         keys: &[(&MessageId, Fingerprint)],
     ) -> Result<Vec<Claim>> {
-        claim_each(self, tx, consumer, keys).await
+        defaults::claim_each(self, tx, consumer, keys).await
     }
 
-    /// Begins a transaction and claims `keys` in it: [`Store::begin`], then
-    /// [`DedupStore::claim_many`], which is the default. A store may do both in one round
-    /// trip: PostgreSQL does for a single key, so that an unbatched consumer's claim costs
-    /// no round trip of its own.
-    async fn begin_claimed(
-        &self,
-        consumer: &str,
-        keys: &[(&MessageId, Fingerprint)],
-    ) -> Result<(Self::Tx, Vec<Claim>)> {
-        begin_then_claim(self, consumer, keys).await
-    }
-
-    /// [`DedupStore::begin_claimed`] for messages whose fingerprints are still to be
-    /// computed: what the consumer calls. The default hashes the payloads while the
-    /// transaction begins (a SQL `BEGIN` waits on a round trip to the database, and the
-    /// SHA-256 of a batch of 100 1 KB payloads takes about as long), then claims with
-    /// [`DedupStore::claim_many`]. A store that overrides `begin_claimed` to save round
-    /// trips overrides this too, to hash first and call it ([`hash_then_begin_claimed`]).
-    async fn begin_claiming(
+    /// Begins a transaction and claims the messages' keys in it, fingerprinted by their
+    /// payloads: one answer per message, in order, as [`DedupStore::claim_many`] gives them.
+    /// What the consumer calls for each batch.
+    ///
+    /// The default ([`defaults::begin_while_hashing`]) sends the `BEGIN`, hashes the
+    /// payloads while it waits on the database (the SHA-256 of 100 payloads of 1 KB takes
+    /// about as long as the round trip), then calls `claim_many`. A store that can claim in
+    /// the same round trip as its `BEGIN` (PostgreSQL and SQLite do, for one key) hashes
+    /// first ([`defaults::fingerprints`]) and falls back to [`defaults::begin_then_claim`].
+    async fn begin_with_claims(
         &self,
         consumer: &str,
         messages: &[(&MessageId, &Message)],
     ) -> Result<(Self::Tx, Vec<Claim>)> {
-        begin_while_hashing(self, consumer, messages).await
+        defaults::begin_while_hashing(self, consumer, messages).await
     }
 
     /// Deletes at most `batch` records older than `retention` by the store's clock;
@@ -232,74 +223,71 @@ pub fn validate_identifier(name: &str) -> Result<()> {
     }
 }
 
-/// The fingerprints of `messages`, as the claims take them.
-fn fingerprints<'a>(messages: &[(&'a MessageId, &Message)]) -> Vec<(&'a MessageId, Fingerprint)> {
-    messages
-        .iter()
-        .map(|&(id, m)| (id, m.fingerprint()))
-        .collect()
-}
+/// The building blocks of [`DedupStore`]'s provided methods, for backend authors who
+/// override one of them and fall back to the default for some batches.
+pub mod defaults {
+    use super::{Claim, DedupKey, Fingerprint, Message, MessageId, Result};
 
-/// [`DedupStore::begin_claiming`] by [`Store::begin`] while the payloads are hashed, then
-/// [`DedupStore::claim_many`]: the default. The begin is polled first, so that its round
-/// trip is under way while the hashing runs.
-pub async fn begin_while_hashing<S: DedupStore + ?Sized>(
-    store: &S,
-    consumer: &str,
-    messages: &[(&MessageId, &Message)],
-) -> Result<(S::Tx, Vec<Claim>)> {
-    let begin = store.begin();
-    tokio::pin!(begin);
-    let first = futures_lite::future::poll_once(begin.as_mut()).await;
-    let keys = fingerprints(messages);
-    let mut tx = match first {
-        Some(tx) => tx?,
-        None => begin.await?,
-    };
-    let claims = store.claim_many(&mut tx, consumer, &keys).await?;
-    Ok((tx, claims))
-}
-
-/// [`DedupStore::begin_claiming`] for a store whose [`DedupStore::begin_claimed`] needs the
-/// fingerprints before its `BEGIN`.
-pub async fn hash_then_begin_claimed<S: DedupStore + ?Sized>(
-    store: &S,
-    consumer: &str,
-    messages: &[(&MessageId, &Message)],
-) -> Result<(S::Tx, Vec<Claim>)> {
-    store.begin_claimed(consumer, &fingerprints(messages)).await
-}
-
-/// [`DedupStore::begin_claimed`] in two steps, [`Store::begin`] then
-/// [`DedupStore::claim_many`]: the default, and the fallback of a store that folds only some
-/// claims into its `BEGIN`.
-pub async fn begin_then_claim<S: DedupStore + ?Sized>(
-    store: &S,
-    consumer: &str,
-    keys: &[(&MessageId, Fingerprint)],
-) -> Result<(S::Tx, Vec<Claim>)> {
-    let mut tx = store.begin().await?;
-    let claims = store.claim_many(&mut tx, consumer, keys).await?;
-    Ok((tx, claims))
-}
-
-/// [`DedupStore::claim_many`] key by key, with [`DedupStore::claim`]: the default, and the
-/// fallback of a store that has no batched form for some tables.
-pub async fn claim_each<S: DedupStore + ?Sized>(
-    store: &S,
-    tx: &mut S::Tx,
-    consumer: &str,
-    keys: &[(&MessageId, Fingerprint)],
-) -> Result<Vec<Claim>> {
-    let mut out = Vec::with_capacity(keys.len());
-    for (id, fp) in keys {
-        let key = DedupKey {
-            consumer,
-            message_id: id,
-        };
-        out.push(store.claim(tx, key, *fp).await?);
+    /// The fingerprints of `messages`, as the claims take them.
+    pub fn fingerprints<'a>(
+        messages: &[(&'a MessageId, &Message)],
+    ) -> Vec<(&'a MessageId, Fingerprint)> {
+        messages
+            .iter()
+            .map(|&(id, m)| (id, m.fingerprint()))
+            .collect()
     }
-    Ok(out)
+
+    /// [`super::DedupStore::begin_with_claims`] by [`super::Store::begin`] while the payloads are hashed,
+    /// then [`super::DedupStore::claim_many`]: the default. The begin is polled first, so that its round
+    /// trip is under way while the hashing runs.
+    pub async fn begin_while_hashing<S: super::DedupStore + ?Sized>(
+        store: &S,
+        consumer: &str,
+        messages: &[(&MessageId, &Message)],
+    ) -> Result<(S::Tx, Vec<Claim>)> {
+        let begin = store.begin();
+        tokio::pin!(begin);
+        let first = futures_lite::future::poll_once(begin.as_mut()).await;
+        let keys = fingerprints(messages);
+        let mut tx = match first {
+            Some(tx) => tx?,
+            None => begin.await?,
+        };
+        let claims = store.claim_many(&mut tx, consumer, &keys).await?;
+        Ok((tx, claims))
+    }
+
+    /// [`super::Store::begin`] then [`super::DedupStore::claim_many`] of fingerprinted keys: the fallback of a
+    /// store that folds only some claims into its `BEGIN`.
+    pub async fn begin_then_claim<S: super::DedupStore + ?Sized>(
+        store: &S,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<(S::Tx, Vec<Claim>)> {
+        let mut tx = store.begin().await?;
+        let claims = store.claim_many(&mut tx, consumer, keys).await?;
+        Ok((tx, claims))
+    }
+
+    /// [`super::DedupStore::claim_many`] key by key, with [`super::DedupStore::claim`]: the default, and the
+    /// fallback of a store that has no batched form for some tables.
+    pub async fn claim_each<S: super::DedupStore + ?Sized>(
+        store: &S,
+        tx: &mut S::Tx,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Vec<Claim>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (id, fp) in keys {
+            let key = DedupKey {
+                consumer,
+                message_id: id,
+            };
+            out.push(store.claim(tx, key, *fp).await?);
+        }
+        Ok(out)
+    }
 }
 
 /// A shared store is a store: `Consumer::new(opts, queue, Arc::clone(&store), handler)`.
@@ -345,19 +333,12 @@ impl<T: DedupStore + ?Sized> DedupStore for std::sync::Arc<T> {
     ) -> Result<Vec<Claim>> {
         (**self).claim_many(tx, consumer, keys).await
     }
-    async fn begin_claimed(
-        &self,
-        consumer: &str,
-        keys: &[(&MessageId, Fingerprint)],
-    ) -> Result<(Self::Tx, Vec<Claim>)> {
-        (**self).begin_claimed(consumer, keys).await
-    }
-    async fn begin_claiming(
+    async fn begin_with_claims(
         &self,
         consumer: &str,
         messages: &[(&MessageId, &Message)],
     ) -> Result<(Self::Tx, Vec<Claim>)> {
-        (**self).begin_claiming(consumer, messages).await
+        (**self).begin_with_claims(consumer, messages).await
     }
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
         (**self).purge(retention, batch).await

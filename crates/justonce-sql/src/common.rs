@@ -230,7 +230,7 @@ pub(crate) fn existing(stored: &str, fp: Fingerprint) -> Claim {
 /// `(consumer, keys) -> Result<Option<(Tx, Vec<Claim>)>>` that begins and claims its own,
 /// cheaper way, or answers `None` to leave it to `begin` then `claim_many` (with it, an
 /// inherent `claims_batches_with_begin(&self) -> bool` says whether that way takes batches
-/// too: `begin_claiming` then hashes a batch before its `BEGIN`, not while it waits on it);
+/// too: `begin_with_claims` then hashes a batch before its `BEGIN`, not while it waits on it);
 /// `arrays:` names
 /// an associated fn `(many, tx, consumer, keys) -> Result<HashSet<String>>` that runs the
 /// [`ManyOrder::Arrays`] insert and answers the ids it skipped (a store whose `ManySql` is
@@ -343,7 +343,7 @@ macro_rules! impl_dedup_store {
                 keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
             ) -> justonce_core::Result<Vec<justonce_core::Claim>> {
                 let Some(many) = &self.sql.many else {
-                    return justonce_core::claim_each(self, tx, consumer, keys).await;
+                    return justonce_core::store::defaults::claim_each(self, tx, consumer, keys).await;
                 };
                 let distinct = $crate::common::lock_order(keys);
                 let mut inserted = std::collections::HashSet::new();
@@ -416,26 +416,19 @@ macro_rules! impl_dedup_store {
             }
 
             $(
-                async fn begin_claimed(
-                    &self,
-                    consumer: &str,
-                    keys: &[(&justonce_core::MessageId, justonce_core::Fingerprint)],
-                ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
-                    match self.$bc(consumer, keys).await? {
-                        Some(done) => Ok(done),
-                        None => justonce_core::begin_then_claim(self, consumer, keys).await,
-                    }
-                }
-
-                async fn begin_claiming(
+                async fn begin_with_claims(
                     &self,
                     consumer: &str,
                     messages: &[(&justonce_core::MessageId, &justonce_core::Message)],
                 ) -> justonce_core::Result<($tx, Vec<justonce_core::Claim>)> {
-                    if messages.len() == 1 || self.claims_batches_with_begin() {
-                        justonce_core::hash_then_begin_claimed(self, consumer, messages).await
-                    } else {
-                        justonce_core::begin_while_hashing(self, consumer, messages).await
+                    use justonce_core::store::defaults;
+                    if messages.len() != 1 && !self.claims_batches_with_begin() {
+                        return defaults::begin_while_hashing(self, consumer, messages).await;
+                    }
+                    let keys = defaults::fingerprints(messages);
+                    match self.$bc(consumer, &keys).await? {
+                        Some(done) => Ok(done),
+                        None => defaults::begin_then_claim(self, consumer, &keys).await,
                     }
                 }
             )?

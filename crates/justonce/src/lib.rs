@@ -89,11 +89,11 @@ pub use consumer::{
     FaultPoint, Handler, Idempotency,
 };
 pub use justonce_core::{
-    canonical_json, conformance, error_chain, memory, redact_url, validate_identifier, Cas, Claim,
-    ClaimState, ClaimStore, DeadLetter, DeadLetterReason, DedupKey, DedupStore, Delivery,
-    Disposition, Error, ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Inspect,
-    Message, MessageId, Publisher, Receipt, Result, Semantics, Source, StateMachine, Store,
-    TransactionalAck, Transition,
+    canonical_json, error_chain, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,
+    ClaimStore, DeadLetter, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
+    ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Inspect, Message, MessageId,
+    Publisher, Receipt, Result, Semantics, Source, StateMachine, Store, TransactionalAck,
+    Transition,
 };
 pub use shutdown::shutdown_signal;
 
@@ -112,6 +112,9 @@ mod guides {
     struct Readme;
     #[doc = include_str!("../../../docs/guide/idempotency.md")]
     struct Idempotency;
+    #[cfg(feature = "sqlite")]
+    #[doc = include_str!("../../../docs/guide/testing.md")]
+    struct Testing;
     #[cfg(feature = "postgres")]
     #[doc = include_str!("../../../docs/guide/failures.md")]
     struct Failures;

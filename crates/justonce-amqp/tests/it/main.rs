@@ -4,17 +4,18 @@
 use std::time::{Duration, Instant};
 
 use justonce_amqp::{AmqpOptions, AmqpPublisher, AmqpSource};
-use justonce_core::{conformance, DeadLetterReason, ErrorKind, Message, Publisher, Source};
+use justonce_core::{DeadLetterReason, ErrorKind, Message, Publisher, Source};
+use justonce_test::unique_name;
 use lapin::options::QueueDeleteOptions;
 
 fn url() -> Option<String> {
     let url = std::env::var("JUSTONCE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
-    conformance::service_available("RabbitMQ", "127.0.0.1:5672").then_some(url)
+    justonce_test::service_available("RabbitMQ", "127.0.0.1:5672").then_some(url)
 }
 
 fn options(test: &str) -> AmqpOptions {
-    let mut o = AmqpOptions::new(conformance::unique_name(&format!("jo-test-{test}")));
+    let mut o = AmqpOptions::new(unique_name(&format!("jo-test-{test}")));
     o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(1500)];
     o
 }
@@ -26,24 +27,21 @@ fn msg(id: &str) -> Message {
         .with_header("tenant", "acme")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_rabbitmq_queue_keeps_the_queue_contract() {
-    let Some(url) = url() else { return };
-    let mut o = options("contract");
-    // The contract's 900 ms nack waits in the 900 ms tier; quorum queues count requeues.
-    o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(900)];
-    let q = AmqpSource::connect(&url, o).await.unwrap();
-    // The contract's "lease" expiry: on RabbitMQ a delivery comes back when its channel closes.
-    let lease = Duration::from_millis(300);
-    let src = q.clone();
-    let closer = tokio::spawn(async move {
-        // c is received, then neither acked nor nacked: close the channel as a crash would.
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        src.abandon().await;
+/// The transport contract, one test per rule, each on a topology of its own (the rules
+/// delete it through `Inspect::cleanup`). RabbitMQ has no lease: a delivery comes back when
+/// its channel closes (`Source::abandon`), which the rules do, then wait up to four
+/// "leases" of 300 ms. Their nack of three leases waits in the 900 ms tier.
+mod contract {
+    use super::*;
+    use justonce_test::{transport::Queue, Backend};
+
+    justonce_test::transport_tests!(|| async {
+        let url = url()?;
+        let mut o = options("contract");
+        o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(900)];
+        let q = AmqpSource::connect(&url, o).await.unwrap();
+        Some(Backend::new(Queue::new(q, Duration::from_millis(300))))
     });
-    conformance::queue(&q, lease, "amqp").await;
-    closer.await.unwrap();
-    q.delete_topology().await.unwrap();
 }
 
 #[tokio::test]

@@ -177,7 +177,7 @@ fn a_backend_that_is_not_built_is_a_clear_error() {
 
 #[test]
 fn the_demo_on_rabbitmq_applies_every_order_once_under_real_broker_faults() {
-    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+    if !justonce_test::service_available("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
     let url = std::env::var("JUSTONCE_AMQP_URL")
@@ -247,21 +247,21 @@ fn ids_derived_by_the_consumer_survive_a_producer_that_regenerates_them() {
 }
 
 pub(crate) fn postgres_url() -> Option<String> {
-    justonce::conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+    justonce_test::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
         std::env::var("JUSTONCE_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
     })
 }
 
 pub(crate) fn mysql_url() -> Option<String> {
-    justonce::conformance::service_available("MariaDB", "127.0.0.1:3306").then(|| {
+    justonce_test::service_available("MariaDB", "127.0.0.1:3306").then(|| {
         std::env::var("JUSTONCE_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
     })
 }
 
 pub(crate) fn amqp_url() -> Option<String> {
-    justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672").then(|| {
+    justonce_test::service_available("RabbitMQ", "127.0.0.1:5672").then(|| {
         std::env::var("JUSTONCE_AMQP_URL")
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
     })

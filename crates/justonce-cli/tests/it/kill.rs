@@ -261,7 +261,7 @@ fn the_same_kills_duplicate_effects_under_at_least_once() {
 
 #[test]
 fn sigkilled_consumer_on_rabbitmq_applies_every_message_exactly_once() {
-    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+    if !justonce_test::service_available("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
     assert_exactly_once(&run_with_kills("effectively-once", true));
@@ -269,7 +269,7 @@ fn sigkilled_consumer_on_rabbitmq_applies_every_message_exactly_once() {
 
 #[test]
 fn the_same_kills_on_rabbitmq_duplicate_effects_under_at_least_once() {
-    if !justonce::conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+    if !justonce_test::service_available("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
     assert_duplicated(&run_with_kills("at-least-once", true));

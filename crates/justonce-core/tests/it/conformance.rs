@@ -1,26 +1,32 @@
+//! The conformance suites on the in-memory backends: one test per rule.
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::conformance;
-use justonce_core::memory::{MemoryQueue, MemoryStore};
+use justonce_core::memory::{MemoryClaims, MemoryQueue, MemoryStore};
+use justonce_test::transport::Queue;
+use justonce_test::Backend;
 
-#[tokio::test]
-async fn memory_store_keeps_the_dedup_contract() {
-    conformance::dedup_store(Arc::new(MemoryStore::new()), "mem").await;
+const LEASE: Duration = Duration::from_millis(100);
+
+mod memory_store {
+    use super::*;
+    justonce_test::dedup_store_tests!(|| async { Some(Backend::new(MemoryStore::new())) });
 }
 
-#[tokio::test]
-async fn memory_queue_keeps_the_queue_contract() {
-    let lease = Duration::from_millis(100);
-    conformance::queue(&MemoryQueue::new("q", lease), lease, "mem").await;
+mod memory_claims {
+    use super::*;
+    justonce_test::claim_store_tests!(|| async {
+        Some(Backend::new(Arc::new(MemoryClaims::default())))
+    });
 }
 
-#[tokio::test]
-async fn memory_claims_keep_the_claim_contract() {
-    conformance::claim_store(
-        Arc::new(justonce_core::memory::MemoryClaims::default()),
-        Duration::from_millis(100),
-        "mem",
-    )
-    .await;
+mod memory_queue {
+    use super::*;
+    justonce_test::transport_tests!(|| async {
+        Some(Backend::new(Queue::new(
+            MemoryQueue::new("q", LEASE),
+            LEASE,
+        )))
+    });
 }

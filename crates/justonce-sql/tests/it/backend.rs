@@ -12,15 +12,15 @@ macro_rules! backend_tests {
         wrong_scheme: $wrong:literal, bad_url: $bad:literal, shown: $shown:literal $(,)?
     ) => {
         use std::sync::Arc;
-        use std::time::Duration;
 
-        use justonce_core::{conformance, Cas, Disposition, ErrorKind, StateMachine, Transition};
+        use justonce_core::{Cas, Disposition, ErrorKind, StateMachine, Transition};
         use justonce_sql::{$claims, $options, $state, $store, $version};
+        use justonce_test::Backend;
 
-        use justonce_core::conformance::unique_name as unique;
+        use justonce_test::unique_name as unique;
 
         fn url() -> Option<String> {
-            conformance::service_available($service, $addr)
+            justonce_test::service_available($service, $addr)
                 .then(|| std::env::var($env).unwrap_or_else(|_| $default.into()))
         }
 
@@ -33,24 +33,37 @@ macro_rules! backend_tests {
             }
         }
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn the_store_keeps_the_dedup_contract() {
-            let Some(url) = url() else { return };
-            let mut opts = $options::default();
-            opts.dedup_table = unique("jo_dedup_t");
-            let table = opts.dedup_table.clone();
-            let store = $store::open_with(&url, opts).await.unwrap();
-            conformance::dedup_store(Arc::new(store.clone()), "srv").await;
-            drop_tables(&store, &[&table]).await;
+        /// The dedup contract, one test per rule, each on a table of its own.
+        mod dedup_contract {
+            use super::*;
+
+            justonce_test::dedup_store_tests!(|| async {
+                let url = url()?;
+                let mut opts = $options::default();
+                opts.dedup_table = unique("jo_dedup_t");
+                let table = opts.dedup_table.clone();
+                let store = $store::open_with(&url, opts).await.unwrap();
+                let kept = store.clone();
+                Some(Backend::new(store).cleaning_up(move || async move {
+                    drop_tables(&kept, &[&table]).await;
+                }))
+            });
         }
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn the_claims_keep_the_claim_contract() {
-            let Some(url) = url() else { return };
-            let table = unique("jo_claims_t");
-            let claims = $claims::open(&url, &table).await.unwrap();
-            conformance::claim_store(Arc::new(claims), Duration::from_millis(200), "srv").await;
-            drop_tables(&$store::open(&url).await.unwrap(), &[&table]).await;
+        /// The claim contract, one test per rule, each on a table of its own.
+        mod claim_contract {
+            use super::*;
+
+            justonce_test::claim_store_tests!(|| async {
+                let url = url()?;
+                let table = unique("jo_claims_t");
+                let claims = $claims::open(&url, &table).await.unwrap();
+                Some(
+                    Backend::new(Arc::new(claims)).cleaning_up(move || async move {
+                        drop_tables(&$store::open(&url).await.unwrap(), &[&table]).await;
+                    }),
+                )
+            });
         }
 
         #[tokio::test]

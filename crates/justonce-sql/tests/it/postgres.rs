@@ -12,11 +12,11 @@ crate::backend::backend_tests! {
 mod queue {
     use std::time::{Duration, Instant};
 
-    use justonce_core::conformance::{self, unique_name};
     use justonce_core::{
         DeadLetterReason, ErrorKind, Message, Publisher, Source, Store, TransactionalAck,
     };
     use justonce_sql::{PgQueue, PgQueueOptions, PgStore};
+    use justonce_test::unique_name;
 
     // The backend tests' URL (`None` when the server is down and not required).
     use super::url;
@@ -32,20 +32,45 @@ mod queue {
         Message::new(format!("payload {id}")).with_id(id).unwrap()
     }
 
+    /// The transport contract, one test per rule, each on a queue of its own (the rules
+    /// delete it through `Inspect::cleanup`).
+    mod contract {
+        use super::*;
+        use justonce_test::{transport::Queue, Backend};
+
+        justonce_test::transport_tests!(|| async {
+            let url = url()?;
+            let lease = Duration::from_millis(300);
+            let q = open(&url, &unique_name("jo-pgq"), lease, Duration::from_secs(1)).await;
+            Some(Backend::new(Queue::new(q, lease)))
+        });
+    }
+
+    /// A dead letter's reason is also a header of its message, for tools that read the
+    /// table directly.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_queue_keeps_the_queue_contract() {
+    async fn a_dead_letter_carries_its_reason_as_a_header() {
         let Some(url) = url() else { return };
-        let lease = Duration::from_millis(300);
-        let q = open(&url, &unique_name("jo-pgq"), lease, Duration::from_secs(1)).await;
-        conformance::queue(&q, lease, "pg").await;
-        let stats = q.stats().await.unwrap();
-        assert_eq!(stats.pending, 0);
-        assert_eq!(stats.dead_letters, 1);
-        assert_eq!(
-            stats.deliveries, 7,
-            "3 first deliveries, c twice more, b twice more (after its nack, after its release)"
-        );
-        assert_eq!(stats.redeliveries, 4);
+        let q = open(
+            &url,
+            &unique_name("jo-pgq"),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        )
+        .await;
+        q.publish(&msg("poison")).await.unwrap();
+        let d = q
+            .receive(1, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .remove(0);
+        let reason = DeadLetterReason {
+            error: "invalid input: test".into(),
+            attempts: d.attempt,
+            source_queue: q.queue().into(),
+            consumer: "t".into(),
+        };
+        q.dead_letter(&d, &reason).await.unwrap();
         let dead = q.dead_letters().await.unwrap();
         assert_eq!(dead[0].reason.error, "invalid input: test");
         let header = dead[0].message.headers().get(DeadLetterReason::ERROR);
@@ -182,10 +207,8 @@ mod queue {
 }
 
 mod partitioned {
-    use std::sync::Arc;
-
-    use justonce_core::conformance::{self, unique_name};
     use justonce_sql::{PgStore, PgStoreOptions};
+    use justonce_test::{unique_name, Backend};
 
     // The backend tests' URL (`None` when the server is down and not required).
     use super::url;
@@ -209,8 +232,9 @@ mod partitioned {
         .unwrap()
     }
 
+    /// A partitioned store has yesterday, today and 7 days ahead from the start.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_partitioned_store_keeps_the_claim_contract() {
+    async fn a_partitioned_store_starts_with_nine_days() {
         let Some(url) = url() else { return };
         let (store, table) = open(&url).await;
         assert!(store.is_partitioned());
@@ -220,11 +244,28 @@ mod partitioned {
             9,
             "yesterday, today and 7 days ahead: {parts:?}"
         );
-        conformance::dedup_claims(Arc::new(store.clone()), "part").await;
+        drop_table(&store, &table).await;
+    }
+
+    async fn drop_table(store: &PgStore, table: &str) {
         sqlx::raw_sql(&format!("DROP TABLE {table}"))
             .execute(store.pool())
             .await
             .unwrap();
+    }
+
+    /// The claim half of the dedup contract (its purge works in whole days, below).
+    mod contract {
+        use super::*;
+
+        justonce_test::dedup_claim_tests!(|| async {
+            let url = url()?;
+            let (store, table) = open(&url).await;
+            let kept = store.clone();
+            Some(Backend::new(store).cleaning_up(move || async move {
+                drop_table(&kept, &table).await;
+            }))
+        });
     }
 
     /// Old days are dropped whole, with a consumer's transaction open, while other claims
@@ -242,7 +283,7 @@ mod partitioned {
         .execute(store.pool())
         .await
         .unwrap();
-        let store = Arc::new(store);
+        let store = std::sync::Arc::new(store);
         crate::backend::purge_beside_claims(store.clone(), &table, |t| {
             format!("UPDATE {t} SET processed_at = '2020-01-01 12:00:00+00'")
         })
@@ -258,9 +299,9 @@ mod partitioned {
 }
 
 mod folded_claim {
-    use justonce_core::conformance::unique_name;
-    use justonce_core::{Claim, DedupStore, Fingerprint, MessageId, Store};
+    use justonce_core::{Claim, DedupStore, Message, MessageId, Store};
     use justonce_sql::{PgStore, PgStoreOptions};
+    use justonce_test::unique_name;
     use sqlx::Connection as _;
 
     // The backend tests' URL (`None` when the server is down and not required).
@@ -277,17 +318,15 @@ mod folded_claim {
         o.max_connections = 1;
         let table = o.dedup_table.clone();
         let store = PgStore::open_with(&url, o).await.unwrap();
-        let (fp, other) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
+        let (a, b) = (Message::new("a"), Message::new("b"));
+        let fp = a.fingerprint();
         let id = MessageId::new("fold-1").unwrap();
-        let (tx, answers) = store.begin_claimed("c", &[(&id, fp)]).await.unwrap();
+        let (tx, answers) = store.begin_with_claims("c", &[(&id, &a)]).await.unwrap();
         assert_eq!(answers, vec![Claim::Fresh]);
         store.commit(tx).await.unwrap();
         for round in 0..3 {
-            for (fp_now, want) in [
-                (fp, Claim::Duplicate),
-                (other, Claim::Conflict { stored: fp }),
-            ] {
-                let (mut tx, answers) = store.begin_claimed("c", &[(&id, fp_now)]).await.unwrap();
+            for (now, want) in [(&a, Claim::Duplicate), (&b, Claim::Conflict { stored: fp })] {
+                let (mut tx, answers) = store.begin_with_claims("c", &[(&id, now)]).await.unwrap();
                 assert_eq!(answers, vec![want], "round {round}");
                 // The transaction handed out is a working one.
                 let one: i32 = sqlx::query_scalar("SELECT 1")
@@ -330,7 +369,7 @@ mod folded_claim {
             .unwrap();
         let fresh = MessageId::new("fold-2").unwrap();
         for (id, want) in [(&fresh, Claim::Fresh), (&id, Claim::Duplicate)] {
-            let (tx, answers) = store.begin_claimed("c", &[(id, fp)]).await.unwrap();
+            let (tx, answers) = store.begin_with_claims("c", &[(id, &a)]).await.unwrap();
             assert_eq!(answers, vec![want], "without the prepared claim");
             store.rollback(tx).await.unwrap();
         }

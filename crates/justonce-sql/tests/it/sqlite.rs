@@ -1,8 +1,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::{conformance, DeadLetterReason, ErrorKind, Message, Publisher, Source};
+use justonce_core::{DeadLetterReason, ErrorKind, Message, Publisher, Source};
 use justonce_sql::{SqliteQueue, SqliteQueueOptions, SqliteStore};
+use justonce_test::{transport::Queue, Backend};
 
 fn url(dir: &tempfile::TempDir, file: &str) -> String {
     format!("sqlite:{}", dir.path().join(file).display())
@@ -17,27 +18,55 @@ async fn queue(dir: &tempfile::TempDir, lease: Duration) -> SqliteQueue {
         .unwrap()
 }
 
-#[tokio::test]
-async fn sqlite_queue_keeps_the_queue_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let lease = Duration::from_millis(200);
-    let q = queue(&dir, lease).await;
-    conformance::queue(&q, lease, "sqlite").await;
-    let stats = q.stats().await.unwrap();
-    assert_eq!(stats.pending, 0);
-    assert_eq!(stats.dead_letters, 1);
-    assert_eq!(
-        stats.deliveries, 7,
-        "3 first deliveries, c twice more, b twice more (after its nack, after its release)"
-    );
-    assert_eq!(stats.redeliveries, 4);
+/// The transport contract, one test per rule, each on a queue of its own.
+mod sqlite_queue {
+    use super::*;
+
+    justonce_test::transport_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = Duration::from_millis(200);
+        let q = queue(&dir, lease).await;
+        Some(Backend::new(Queue::new(q, lease)).keeping(dir))
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_store_keeps_the_dedup_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
-    conformance::dedup_store(Arc::new(store), "sqlite").await;
+/// The dedup contract, one test per rule, each on a database of its own.
+mod sqlite_store {
+    use super::*;
+
+    justonce_test::dedup_store_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+        Some(Backend::new(store).keeping(dir))
+    });
+}
+
+/// The same on a dedup table of the application's own name.
+mod sqlite_named_store {
+    use super::*;
+
+    justonce_test::dedup_store_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = justonce_sql::SqliteStoreOptions::default();
+        opts.dedup_table = "billing_dedup".into();
+        let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
+            .await
+            .unwrap();
+        Some(Backend::new(store).keeping(dir))
+    });
+}
+
+/// The claim contract, one test per rule.
+mod sqlite_claims {
+    use super::*;
+
+    justonce_test::claim_store_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let claims = justonce_sql::SqliteClaimStore::open(&url(&dir, "c.db"))
+            .await
+            .unwrap();
+        Some(Backend::new(Arc::new(claims)).keeping(dir))
+    });
 }
 
 /// The queue's receive rewrites a whole batch in one statement: its statement journal
@@ -147,23 +176,13 @@ async fn wrong_urls_say_what_to_do() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_claims_keep_the_claim_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = justonce_sql::SqliteClaimStore::open(&url(&dir, "c.db"))
-        .await
-        .unwrap();
-    conformance::claim_store(Arc::new(claims), Duration::from_millis(200), "sqlite").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dedup_table_of_your_own_name_keeps_the_contract() {
+async fn a_dedup_table_of_your_own_name_is_the_only_one() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = justonce_sql::SqliteStoreOptions::default();
     opts.dedup_table = "billing_dedup".into();
     let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
         .await
         .unwrap();
-    conformance::dedup_store(Arc::new(store.clone()), "named").await;
     use justonce_core::{DedupKey, DedupStore, Fingerprint, MessageId, Store};
     let id = MessageId::new("named-1").unwrap();
     let mut tx = store.begin().await.unwrap();
@@ -310,24 +329,22 @@ async fn the_version_guard_tells_stale_from_ahead() {
 /// (which SQL text cannot carry) are recorded as given.
 #[tokio::test]
 async fn a_claim_on_begin_leaves_no_transaction_behind_when_the_key_is_stored() {
-    use justonce_core::{Claim, DedupStore, Fingerprint, MessageId, Store};
+    use justonce_core::{Claim, DedupStore, MessageId, Store};
     let dir = tempfile::tempdir().unwrap();
     let mut opts = justonce_sql::SqliteStoreOptions::default();
     opts.max_connections = 1;
     let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
         .await
         .unwrap();
-    let (fp, other) = (Fingerprint::of(b"p"), Fingerprint::of(b"q"));
+    let (p, q) = (Message::new("p"), Message::new("q"));
+    let fp = p.fingerprint();
     for raw in ["plain", "it's", "nul\0inside"] {
         let id = MessageId::new(raw).unwrap();
-        let (tx, claims) = store.begin_claimed("c", &[(&id, fp)]).await.unwrap();
+        let (tx, claims) = store.begin_with_claims("c", &[(&id, &p)]).await.unwrap();
         assert_eq!(claims, vec![Claim::Fresh], "{raw:?}: new");
         store.commit(tx).await.unwrap();
-        for (f, want) in [
-            (fp, Claim::Duplicate),
-            (other, Claim::Conflict { stored: fp }),
-        ] {
-            let (tx, claims) = store.begin_claimed("c", &[(&id, f)]).await.unwrap();
+        for (m, want) in [(&p, Claim::Duplicate), (&q, Claim::Conflict { stored: fp })] {
+            let (tx, claims) = store.begin_with_claims("c", &[(&id, m)]).await.unwrap();
             assert_eq!(claims, vec![want], "{raw:?}: stored");
             store.rollback(tx).await.unwrap();
         }
@@ -352,7 +369,7 @@ async fn a_claim_on_begin_leaves_no_transaction_behind_when_the_key_is_stored() 
 /// afresh starts a pass of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_sweeps_old_records_window_by_window() {
-    use justonce_core::{DedupStore, Fingerprint, MessageId};
+    use justonce_core::{DedupStore, MessageId};
     const DAY_MS: i64 = 86_400_000;
     let dir = tempfile::tempdir().unwrap();
     let u = url(&dir, "s.db");
@@ -361,8 +378,9 @@ async fn the_purge_sweeps_old_records_window_by_window() {
         .map(|i| MessageId::new(format!("m-{i:03}")).unwrap())
         .collect();
     for consumer in ["a", "b"] {
-        let keys: Vec<_> = ids.iter().map(|id| (id, Fingerprint::of(b"p"))).collect();
-        let (tx, claims) = store.begin_claimed(consumer, &keys).await.unwrap();
+        let p = Message::new("p");
+        let keys: Vec<_> = ids.iter().map(|id| (id, &p)).collect();
+        let (tx, claims) = store.begin_with_claims(consumer, &keys).await.unwrap();
         assert!(claims.iter().all(|c| *c == justonce_core::Claim::Fresh));
         sqlx::Transaction::commit(tx).await.unwrap();
     }

@@ -221,6 +221,7 @@ where
     /// with at-most-once, which acks before the transaction begins. Call before running.
     ///
     /// ```no_run
+    /// # #[cfg(feature = "postgres")] mod doc {
     /// # use std::sync::Arc;
     /// # use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Result};
     /// # use justonce::sql::{PgQueue, PgStore, PgTx};
@@ -236,6 +237,8 @@ where
     ///     .with_transactional_ack(Arc::new(queue));
     /// consumer.run_until(justonce::shutdown_signal()).await?;
     /// # Ok(()) }
+    /// # }
+    /// # fn main() {}
     /// ```
     pub fn with_transactional_ack(self, acker: Arc<dyn TransactionalAck<S::Tx>>) -> Self {
         self.modify(|inner| inner.tx_ack = Some(acker))
@@ -876,7 +879,7 @@ where
     }
 
     /// Begins the batch's transaction with its dedup keys claimed in it (one
-    /// `DedupStore::begin_claiming` call): one answer per pending message with an id.
+    /// `DedupStore::begin_with_claims` call): one answer per pending message with an id.
     async fn begin_claimed(
         &self,
         batch: &[Delivery],
@@ -888,7 +891,7 @@ where
             .filter(|(_, s)| matches!(s.settle, Settle::Pending))
             .filter_map(|(d, s)| Some((s.id.as_ref()?, &d.message)))
             .collect();
-        let (tx, answers) = self.store.begin_claiming(&self.opts.name, &keys).await?;
+        let (tx, answers) = self.store.begin_with_claims(&self.opts.name, &keys).await?;
         if answers.len() != keys.len() {
             return Err(Error::new(
                 ErrorKind::Internal,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use justonce::sql::{SqliteStore, SqliteTx};
 use justonce::{
-    async_trait, conformance, Consumer, ConsumerOptions, Context, DeadLetterReason, Delivery,
-    Disposition, FaultHook, FaultPoint, Handler, Message, Publisher, Result, Source,
+    async_trait, Consumer, ConsumerOptions, Context, DeadLetterReason, Delivery, Disposition,
+    FaultHook, FaultPoint, Handler, Message, Publisher, Result, Source,
 };
 use justonce_amqp::{AmqpOptions, AmqpSource};
 use tokio::sync::Mutex;
@@ -25,7 +25,7 @@ struct Fixture {
 }
 
 async fn fixture(test: &str) -> Option<Fixture> {
-    if !conformance::service_available("RabbitMQ", "127.0.0.1:5672") {
+    if !justonce_test::service_available("RabbitMQ", "127.0.0.1:5672") {
         return None;
     }
     let url = std::env::var("JUSTONCE_AMQP_URL")
@@ -38,7 +38,7 @@ async fn fixture(test: &str) -> Option<Fixture> {
         .execute(store.pool())
         .await
         .unwrap();
-    let mut opts = AmqpOptions::new(conformance::unique_name(&format!("jo-rt-{test}")));
+    let mut opts = AmqpOptions::new(justonce_test::unique_name(&format!("jo-rt-{test}")));
     opts.retry_delays = vec![Duration::from_millis(200)];
     Some(Fixture {
         _dir: dir,
@@ -297,7 +297,7 @@ async fn a_queue_bound_to_an_existing_topic_exchange_consumes_effectively_once()
     let Some(f) = fixture("topic").await else {
         return;
     };
-    let shop = conformance::unique_name("jo-rt-shop");
+    let shop = justonce_test::unique_name("jo-rt-shop");
     let conn = lapin::Connection::connect(&f.url, lapin::ConnectionProperties::default())
         .await
         .unwrap();

@@ -8,12 +8,11 @@ use justonce::sql::{
     PgQueue, PgQueueOptions, PgStore, PgStoreOptions, PgTx, SqliteQueue, SqliteQueueOptions,
 };
 use justonce::{
-    conformance, Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher,
-    Result, Source,
+    Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher, Result, Source,
 };
 
 fn url() -> Option<String> {
-    conformance::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+    justonce_test::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
         std::env::var("JUSTONCE_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
     })
@@ -111,7 +110,7 @@ async fn a_postgres_queue_acking_in_the_transaction_survives_a_restart() {
     let Some(url) = url() else { return };
     let mut qopts = PgQueueOptions::default();
     qopts.lease = Duration::from_secs(2);
-    let name = conformance::unique_name("jo-rt-pgq");
+    let name = justonce_test::unique_name("jo-rt-pgq");
     let queue = PgQueue::open_with(&url, &name, qopts).await.unwrap();
     consume_through_a_restart(&url, Queue::Pg(queue.clone())).await;
     assert_eq!(queue.stats().await.unwrap().dead_letters, 0);
@@ -131,10 +130,10 @@ async fn consume_through_a_restart(url: &str, queue: Queue) {
     }
 
     let mut sopts = PgStoreOptions::default();
-    sopts.dedup_table = conformance::unique_name("jo_dedup_rt");
+    sopts.dedup_table = justonce_test::unique_name("jo_dedup_rt");
     let dedup = sopts.dedup_table.clone();
     let store = PgStore::open_with(url, sopts).await.unwrap();
-    let ledger = conformance::unique_name("jo_ledger_rt");
+    let ledger = justonce_test::unique_name("jo_ledger_rt");
     sqlx::query(&format!("CREATE TABLE {ledger} (order_id TEXT NOT NULL)"))
         .execute(store.pool())
         .await
@@ -259,10 +258,10 @@ async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering(
     queue.publish_batch(&msgs).await.unwrap();
 
     let mut sopts = PgStoreOptions::default();
-    sopts.dedup_table = conformance::unique_name("jo_dedup_schema");
+    sopts.dedup_table = justonce_test::unique_name("jo_dedup_schema");
     let dedup = sopts.dedup_table.clone();
     let store = PgStore::open_with(&url, sopts).await.unwrap();
-    let ledger = conformance::unique_name("jo_ledger_schema");
+    let ledger = justonce_test::unique_name("jo_ledger_schema");
 
     let mut opts = ConsumerOptions::new("ledger");
     opts.batch_size = 10;
