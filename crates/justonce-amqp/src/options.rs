@@ -355,6 +355,30 @@ impl AmqpOptions {
         self
     }
 
+    /// Sets the retry tiers' delays ([`AmqpOptions::retry_delays`]), keeping their prefix.
+    pub fn retry_delays(mut self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.retry_delays = delays.into_iter().collect();
+        self
+    }
+
+    /// Sets [`AmqpOptions::confirm_timeout`].
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// Sets [`AmqpOptions::confirm_window`].
+    pub fn confirm_window(mut self, window: usize) -> Self {
+        self.confirm_window = window;
+        self
+    }
+
+    /// Sets [`AmqpOptions::publish_retries`].
+    pub fn publish_retries(mut self, retries: u32) -> Self {
+        self.publish_retries = retries;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let name_ok = |name: &str| validate_consumer_name(name).is_ok();
         let mut names = vec![self.queue.as_str(), self.retry_prefix.as_str()];

@@ -93,10 +93,11 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     store.setup(&tables, &[]).await?;
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
-    opts.batch_size = args.batch_size;
+    opts.batching.size = args.batch_size;
     opts.max_payload_bytes = args.max_payload_bytes;
-    opts.backoff_max = Duration::from_millis(args.backoff_max_ms).max(opts.backoff_base);
-    opts.receive_wait = Duration::from_millis(100);
+    opts.retry.backoff_max =
+        Duration::from_millis(args.backoff_max_ms).max(opts.retry.backoff_base);
+    opts.batching.receive_wait = Duration::from_millis(100);
     let source = if args.audit {
         Arc::new(Audited {
             inner: queue.source()?,

@@ -34,8 +34,7 @@
 //! queue.publish_batch(&orders).await?;
 //! queue.publish_batch(&faults.published_twice(&orders)).await?; // a publisher's retries
 //!
-//! let mut options = ConsumerOptions::new("shipping");
-//! options.batch_size = 10;
+//! let options = ConsumerOptions::new("shipping").batch_size(10);
 //! let consumer = Consumer::new(options, queue.clone(), store.clone(), Ship)?
 //!     .with_fault_hook(Arc::new(faults.clone()));
 //! let drained = { let q = queue.clone(); async move { while !q.is_empty() { tokio::time::sleep(Duration::from_millis(5)).await } } };

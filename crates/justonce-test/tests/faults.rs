@@ -42,7 +42,7 @@ async fn run(semantics: Semantics, skip: Option<&'static str>) -> (Verdict, u64)
         .await
         .unwrap();
     let mut options = ConsumerOptions::new("shipping");
-    options.batch_size = 10;
+    options.batching.size = 10;
     options.semantics = semantics;
     let consumer = Consumer::new(options, queue.clone(), store.clone(), Ship { skip })
         .unwrap()

@@ -61,6 +61,9 @@
 //! - `amqp`: the RabbitMQ transport, as `justonce::amqp`.
 //! - `postgres`: the PostgreSQL queue, dedup and claim stores, in `justonce::sql`.
 //! - `mysql`: the MariaDB / MySQL dedup and claim stores, in `justonce::sql`.
+//! - `fault-injection`: `FaultHook` and `Consumer::with_fault_hook`, to crash a consumer at
+//!   chosen points in tests (`justonce-test` turns it on for your tests). To watch what
+//!   commits in production, use a [`CommitObserver`] instead.
 //!
 //! A handler writes through the store's sqlx transaction (`&mut **tx`), so your crate also
 //! depends on `sqlx` with that driver's feature (`sqlite`, `postgres` or `mysql`; no macros
@@ -84,9 +87,11 @@ mod shutdown;
 /// `#[async_trait]`, for implementing the object-safe seams (`Source`, `Publisher`,
 /// `Store`, `DedupStore`, `ClaimStore`, `Inspect`, `FaultHook`); a [`Handler`] needs none.
 pub use async_trait::async_trait;
+#[cfg(feature = "fault-injection")]
+pub use consumer::FaultHook;
 pub use consumer::{
-    BatchReport, BreakerOptions, ConflictPolicy, Consumer, ConsumerOptions, Context, FaultHook,
-    FaultPoint, Handler, Idempotency,
+    BatchOptions, BatchReport, BreakerOptions, CommitObserver, ConflictPolicy, Consumer,
+    ConsumerOptions, Context, DedupOptions, FaultPoint, Handler, Idempotency, RetryOptions,
 };
 pub use justonce_core::{
     canonical_json, error_chain, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,

@@ -60,9 +60,9 @@ async fn main() -> Result<()> {
     queue.publish(&receipt).await?;
 
     let mailer = Arc::new(Mailer::default());
-    let mut opts = ConsumerOptions::new("mailer");
-    opts.idempotency = Idempotency::Claim;
-    opts.batch_size = 1;
+    let opts = ConsumerOptions::new("mailer")
+        .idempotency(Idempotency::Claim)
+        .batch_size(1);
     let consumer = Consumer::new(
         opts,
         queue.clone(),

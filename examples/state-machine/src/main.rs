@@ -65,8 +65,7 @@ async fn main() -> Result<()> {
         ("PENDING", "CANCELLED"),
     ])?;
     let guard = SqliteStateGuard::new("orders", "order_id", "status", machine)?;
-    let mut opts = ConsumerOptions::new("payments");
-    opts.idempotency = Idempotency::Guard;
+    let opts = ConsumerOptions::new("payments").idempotency(Idempotency::Guard);
     let consumer = Consumer::new(opts, queue.clone(), store.clone(), MarkPaid { guard })?;
     while queue.stats().await?.pending > 0 {
         consumer.run_once().await?;

@@ -43,8 +43,7 @@ async fn main() -> Result<()> {
         .publish(&Message::new(body).with_id("attempt-2")?)
         .await?;
 
-    let mut opts = ConsumerOptions::new("orders");
-    opts.idempotency = Idempotency::UniqueKey;
+    let opts = ConsumerOptions::new("orders").idempotency(Idempotency::UniqueKey);
     let consumer = Consumer::new(opts, queue.clone(), store.clone(), CreateOrder)?;
     while queue.stats().await?.pending > 0 {
         consumer.run_once().await?;

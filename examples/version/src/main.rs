@@ -10,7 +10,7 @@ use std::time::Duration;
 use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx, SqliteVersionGuard};
 use justonce::{
     Consumer, ConsumerOptions, Context, Disposition, Error, Handler, Idempotency, Message,
-    Publisher, Result,
+    Publisher, Result, RetryOptions,
 };
 
 struct SetLimit {
@@ -59,10 +59,10 @@ async fn main() -> Result<()> {
         .publish_batch(&[change(1, 300)?, change(0, 200)?, change(0, 200)?])
         .await?;
 
-    let mut opts = ConsumerOptions::new("limits");
-    opts.idempotency = Idempotency::Guard;
-    opts.batch_size = 1;
-    opts.backoff_base = Duration::from_millis(50);
+    let opts = ConsumerOptions::new("limits")
+        .idempotency(Idempotency::Guard)
+        .batch_size(1)
+        .retry(RetryOptions::default().backoff(Duration::from_millis(50), Duration::from_secs(30)));
     let consumer = Consumer::new(
         opts,
         queue.clone(),

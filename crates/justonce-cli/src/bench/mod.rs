@@ -100,7 +100,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// Run the justonce variants with a savepoint and a claim per message in every batch
-    /// (`ConsumerOptions::optimistic_batches = false`), to see what that costs.
+    /// (`BatchOptions::optimistic(false)`), to see what that costs.
     #[arg(long)]
     careful: bool,
     /// Consumer processes on the one queue, as a service scaled out: the first is used

@@ -25,10 +25,7 @@ use anyhow::{bail, Context as _};
 use futures_lite::StreamExt;
 use justonce::amqp::AmqpOptions;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::{
-    async_trait, Consumer, ConsumerOptions, Delivery, FaultHook, FaultPoint, Message, Semantics,
-    Source,
-};
+use justonce::{CommitObserver, Consumer, ConsumerOptions, Delivery, Message, Semantics, Source};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
@@ -213,21 +210,17 @@ impl Clock {
     }
 }
 
-/// The runtime's after-commit point, which never crashes: it tells the clock what committed.
+/// Tells the clock what each batch committed.
 struct CommitClock(Arc<Clock>);
 
-#[async_trait]
-impl FaultHook for CommitClock {
-    async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
-        if point == FaultPoint::AfterCommit {
-            self.0.committed(
-                batch
-                    .iter()
-                    .filter_map(|d| d.message.id())
-                    .map(|i| i.as_str()),
-            );
-        }
-        false
+impl CommitObserver for CommitClock {
+    fn committed(&self, batch: &[&Delivery]) {
+        self.0.committed(
+            batch
+                .iter()
+                .filter_map(|d| d.message.id())
+                .map(|i| i.as_str()),
+        );
     }
 }
 
@@ -716,11 +709,11 @@ async fn start<B: Bank>(
     };
     let mut opts = ConsumerOptions::new(format!("bench-{}", args.name));
     opts.semantics = semantics;
-    opts.batch_size = args.batch;
-    opts.concurrency = args.concurrency;
-    opts.receive_wait = Duration::from_millis(100);
+    opts.batching.size = args.batch;
+    opts.batching.concurrency = args.concurrency;
+    opts.batching.receive_wait = Duration::from_millis(100);
     opts.max_payload_bytes = args.msg_bytes.max(1024) * 2;
-    opts.optimistic_batches = !args.careful;
+    opts.batching.optimistic = !args.careful;
     let mut handler = PaymentHandler::<B>::new(
         tables.clone(),
         Strategy::DedupTable,
@@ -731,7 +724,7 @@ async fn start<B: Bank>(
         handler = handler.unordered();
     }
     let consumer = Consumer::new(opts, bus.source()?, bank.clone(), handler)?
-        .with_fault_hook(Arc::new(CommitClock(clock)));
+        .with_commit_observer(Arc::new(CommitClock(clock)));
     Ok(tokio::spawn(async move {
         consumer
             .run_until(async move {

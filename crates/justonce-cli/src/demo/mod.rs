@@ -212,17 +212,17 @@ async fn run_one<B: Bank>(
     let faults = Arc::new(PlanFaults::new(plan.clone(), bus.clone()));
     let mut opts = ConsumerOptions::new(format!("demo-{run_id}-{}", variant.slug()));
     opts.semantics = semantics;
-    opts.idempotency = args.strategy.idempotency();
-    opts.id_strategy = args.id_strategy.consumer();
-    opts.claim_lease = Duration::from_millis(args.lease_ms);
-    opts.batch_size = args.batch_size;
-    opts.concurrency = args.concurrency.unwrap_or(match B::KIND {
+    opts.dedup.idempotency = args.strategy.idempotency();
+    opts.dedup.id_strategy = args.id_strategy.consumer();
+    opts.dedup.claim_lease = Duration::from_millis(args.lease_ms);
+    opts.batching.size = args.batch_size;
+    opts.batching.concurrency = args.concurrency.unwrap_or(match B::KIND {
         StoreKind::Sqlite => 2,
         StoreKind::Postgres | StoreKind::MySql => 1,
     });
-    opts.seed = args.seed;
+    opts.retry.seed = args.seed;
     opts.max_payload_bytes = args.max_payload_bytes;
-    opts.receive_wait = Duration::from_millis(100);
+    opts.batching.receive_wait = Duration::from_millis(100);
     let mut consumer =
         Consumer::new(opts, bus.source()?, store.clone(), handler)?.with_fault_hook(faults.clone());
     if args.strategy == Strategy::Claim {

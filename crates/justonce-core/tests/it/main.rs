@@ -1,4 +1,3 @@
 //! Tests of the core through its public API.
 
-mod conformance;
 mod properties;

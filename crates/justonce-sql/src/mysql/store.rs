@@ -19,6 +19,8 @@ pub struct MySqlStoreOptions {
     pub max_connections: u32,
 }
 
+crate::common::setters!(MySqlStoreOptions { max_connections: u32 } into { dedup_table });
+
 impl Default for MySqlStoreOptions {
     fn default() -> Self {
         MySqlStoreOptions {

@@ -68,6 +68,12 @@ pub struct PgQueueOptions {
     pub max_connections: u32,
 }
 
+crate::common::setters!(PgQueueOptions {
+    lease: std::time::Duration,
+    poll_interval: std::time::Duration,
+    max_connections: u32
+});
+
 impl Default for PgQueueOptions {
     fn default() -> Self {
         PgQueueOptions {

@@ -35,6 +35,8 @@ pub struct PgStoreOptions {
     pub partitioned: bool,
 }
 
+crate::common::setters!(PgStoreOptions { max_connections: u32, partitioned: bool } into { dedup_table });
+
 impl Default for PgStoreOptions {
     fn default() -> Self {
         PgStoreOptions {

@@ -61,6 +61,13 @@ pub struct SqliteQueueOptions {
     pub max_connections: u32,
 }
 
+crate::common::setters!(SqliteQueueOptions {
+    lease: std::time::Duration,
+    poll_interval: std::time::Duration,
+    durable: bool,
+    max_connections: u32
+});
+
 impl Default for SqliteQueueOptions {
     fn default() -> Self {
         SqliteQueueOptions {
@@ -84,8 +91,7 @@ impl Default for SqliteQueueOptions {
 /// use justonce_sql::{SqliteQueue, SqliteQueueOptions};
 ///
 /// # async fn run() -> justonce_core::Result<()> {
-/// let mut opts = SqliteQueueOptions::default();
-/// opts.lease = Duration::from_secs(5);
+/// let opts = SqliteQueueOptions::default().lease(Duration::from_secs(5));
 /// let q = SqliteQueue::open_with("sqlite:queue.db", "orders", opts).await?;
 /// q.publish(&Message::new("{}").with_id("ORD-1")?).await?;
 /// let batch = q.receive(10, Duration::from_secs(1)).await?;

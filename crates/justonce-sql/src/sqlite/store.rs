@@ -38,6 +38,8 @@ pub struct SqliteStoreOptions {
     pub max_connections: u32,
 }
 
+crate::common::setters!(SqliteStoreOptions { max_connections: u32 } into { dedup_table });
+
 impl Default for SqliteStoreOptions {
     fn default() -> Self {
         SqliteStoreOptions {

@@ -22,10 +22,11 @@ use tokio::time::Instant;
 /// use std::time::Duration;
 /// use justonce::{BreakerOptions, ConsumerOptions};
 ///
-/// let mut o = ConsumerOptions::new("billing");
-/// o.breaker = BreakerOptions::default().threshold(50).window(Duration::from_secs(30));
+/// let o = ConsumerOptions::new("billing")
+///     .breaker(BreakerOptions::default().threshold(50).window(Duration::from_secs(30)));
 /// assert!(o.breaker.enabled);
-/// o.breaker = BreakerOptions::disabled(); // every failure settles as decided
+/// let o = o.breaker(BreakerOptions::disabled()); // every failure settles as decided
+/// # let _ = o;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

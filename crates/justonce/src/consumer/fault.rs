@@ -28,7 +28,9 @@ impl FaultPoint {
 ///
 /// A crash abandons the batch exactly as a dead process would: the transaction is dropped
 /// (rolled back if not yet committed) and no delivery is settled, so the transport itself
-/// delivers them again once their lease runs out. Production consumers set no hook.
+/// delivers them again once their lease runs out. Production consumers set no hook; without
+/// the `fault-injection` feature none can be set.
+#[cfg_attr(not(feature = "fault-injection"), allow(unreachable_pub))]
 #[async_trait]
 pub trait FaultHook: Send + Sync {
     /// Whether the consumer crashes at `point`, with `batch` in flight.

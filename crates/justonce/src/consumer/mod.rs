@@ -19,12 +19,13 @@
 //! One transaction per batch; its dedup keys are claimed in one call
 //! ([`DedupStore::claim_many`]). A message that fails rolls back alone: the batch rolls
 //! back and runs again with a savepoint per message (see
-//! [`ConsumerOptions::optimistic_batches`]). Acks go out only after the commit. Bad input (no id, oversized payload, an id
+//! [`BatchOptions::optimistic`]). Acks go out only after the commit. Bad input (no id, oversized payload, an id
 //! seen before with another payload) is dead-lettered with a reason, never retried.
 
 mod breaker;
 mod fault;
 mod handler;
+mod observe;
 mod options;
 
 use std::sync::{Arc, Mutex};
@@ -40,9 +41,16 @@ use tracing::{debug, error, warn};
 
 pub use breaker::BreakerOptions;
 use breaker::{Breaker, Change, Outcome};
-pub use fault::{FaultHook, FaultPoint};
+#[cfg(feature = "fault-injection")]
+pub use fault::FaultHook;
+#[cfg(not(feature = "fault-injection"))]
+use fault::FaultHook;
+pub use fault::FaultPoint;
 pub use handler::{Context, Handler};
-pub use options::{ConflictPolicy, ConsumerOptions, Idempotency};
+pub use observe::CommitObserver;
+pub use options::{
+    BatchOptions, ConflictPolicy, ConsumerOptions, DedupOptions, Idempotency, RetryOptions,
+};
 
 /// A consumer: a [`Source`], a [`DedupStore`] and a [`Handler`] run under
 /// [`ConsumerOptions`].
@@ -72,6 +80,7 @@ struct Inner<S: DedupStore, H> {
     opts: ConsumerOptions,
     backoff: ExponentialBackoff,
     faults: Option<Arc<dyn FaultHook>>,
+    observer: Option<Arc<dyn CommitObserver>>,
     claims: Option<Arc<dyn ClaimStore>>,
     tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
     breaker: Mutex<Breaker>,
@@ -166,13 +175,14 @@ where
         let source: Arc<dyn Source> = Arc::new(source);
         let store = Arc::new(store);
         justonce_core::validate_consumer_name(&opts.name)?;
-        opts.id_strategy.validate()?;
-        if opts.batch_size == 0 || opts.concurrency == 0 || opts.max_attempts == 0 {
+        opts.dedup.id_strategy.validate()?;
+        if opts.batching.size == 0 || opts.batching.concurrency == 0 || opts.retry.max_attempts == 0
+        {
             return Err(Error::config(
                 "batch_size, concurrency and max_attempts must each be at least 1",
             ));
         }
-        if let Some(retention) = opts.retention {
+        if let Some(retention) = opts.dedup.retention {
             let horizon = opts.redelivery_horizon(source.redelivery_delay());
             if opts.semantics == Semantics::EffectivelyOnce && retention <= horizon {
                 return Err(Error::config(format!(
@@ -183,8 +193,8 @@ where
                 )));
             }
         }
-        let backoff =
-            ExponentialBackoff::new(opts.backoff_base, opts.backoff_max).with_seed(opts.seed);
+        let backoff = ExponentialBackoff::new(opts.retry.backoff_base, opts.retry.backoff_max)
+            .with_seed(opts.retry.seed);
         let breaker = Mutex::new(Breaker::new(opts.breaker.clone()));
         Ok(Consumer {
             inner: Arc::new(Inner {
@@ -194,6 +204,7 @@ where
                 opts,
                 backoff,
                 faults: None,
+                observer: None,
                 claims: None,
                 tx_ack: None,
                 breaker,
@@ -201,9 +212,17 @@ where
         })
     }
 
-    /// Installs a fault hook (tests, demo, lab). Call before running.
+    /// Installs a fault hook (tests, demo, lab; feature `fault-injection`). Call before
+    /// running.
+    #[cfg(feature = "fault-injection")]
     pub fn with_fault_hook(self, hook: Arc<dyn FaultHook>) -> Self {
         self.modify(|inner| inner.faults = Some(hook))
+    }
+
+    /// Tells `observer` of every batch this consumer commits ([`CommitObserver`]). Call
+    /// before running.
+    pub fn with_commit_observer(self, observer: Arc<dyn CommitObserver>) -> Self {
+        self.modify(|inner| inner.observer = Some(observer))
     }
 
     /// Sets the claim store that [`Idempotency::Claim`] takes its claims in. Call before running.
@@ -295,12 +314,12 @@ where
         self.check_ready()?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
-        for worker in 0..self.inner.opts.concurrency {
+        for worker in 0..self.inner.opts.batching.concurrency {
             let inner = self.inner.clone();
             let stop = stop_rx.clone();
             tasks.spawn(async move { inner.worker(worker, stop).await });
         }
-        if let Some(retention) = self.inner.opts.retention {
+        if let Some(retention) = self.inner.opts.dedup.retention {
             let inner = self.inner.clone();
             let stop = stop_rx.clone();
             tasks.spawn(async move { inner.purge_loop(retention, stop).await });
@@ -333,10 +352,13 @@ where
     H: Handler<S::Tx>,
 {
     async fn receive_batch(&self) -> Result<Vec<Delivery>> {
-        let max = self.opts.batch_size;
-        let mut batch = self.source.receive(max, self.opts.receive_wait).await?;
-        if !batch.is_empty() && batch.len() < max && !self.opts.linger.is_zero() {
-            tokio::time::sleep(self.opts.linger).await;
+        let max = self.opts.batching.size;
+        let mut batch = self
+            .source
+            .receive(max, self.opts.batching.receive_wait)
+            .await?;
+        if !batch.is_empty() && batch.len() < max && !self.opts.batching.linger.is_zero() {
+            tokio::time::sleep(self.opts.batching.linger).await;
             let more = self
                 .source
                 .receive(max - batch.len(), Duration::ZERO)
@@ -432,7 +454,7 @@ where
             }
             tokio::select! {
                 _ = stop.changed() => return Ok(()),
-                _ = tokio::time::sleep(self.opts.purge_interval) => {}
+                _ = tokio::time::sleep(self.opts.dedup.purge_interval) => {}
             }
         }
     }
@@ -447,7 +469,8 @@ where
     }
 
     fn effectively_once(&self, idempotency: Idempotency) -> bool {
-        self.opts.semantics == Semantics::EffectivelyOnce && self.opts.idempotency == idempotency
+        self.opts.semantics == Semantics::EffectivelyOnce
+            && self.opts.dedup.idempotency == idempotency
     }
 
     /// Bad input is settled before the handler ever sees it; the id is derived here.
@@ -465,7 +488,7 @@ where
                 self.opts.max_payload_bytes
             ));
         }
-        match self.opts.id_strategy.derive(&d.message) {
+        match self.opts.dedup.id_strategy.derive(&d.message) {
             Ok(Some(id)) => Slot {
                 settle: Settle::Pending,
                 id: Some(id),
@@ -475,7 +498,7 @@ where
             Ok(None) => dead(format!(
                 "invalid input: message has no id (missing or empty under the {} id strategy); \
                  it cannot be deduplicated",
-                self.opts.id_strategy.describe()
+                self.opts.dedup.id_strategy.describe()
             )),
             Err(e) => dead(format!("invalid input: {}", e.to_chain_string())),
         }
@@ -485,13 +508,7 @@ where
         let Some(hook) = &self.faults else {
             return false;
         };
-        let live: Vec<&Delivery> = batch
-            .iter()
-            .zip(slots)
-            .filter(|(_, s)| !matches!(s.settle, Settle::DeadLetter(_)))
-            .map(|(d, _)| d)
-            .collect();
-        let crash = hook.crash_at(point, &live).await;
+        let crash = hook.crash_at(point, &live(batch, slots)).await;
         if crash {
             debug!(
                 point = point.as_str(),
@@ -509,10 +526,10 @@ where
             Disposition::Duplicate => Settle::Ack { duplicate: true },
             Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
             Disposition::Retry { after, reason } => {
-                if d.attempt >= self.opts.max_attempts {
+                if d.attempt >= self.opts.retry.max_attempts {
                     Settle::DeadLetter(format!(
                         "gave up after {} attempts (max_attempts {}): {reason}",
-                        d.attempt, self.opts.max_attempts
+                        d.attempt, self.opts.retry.max_attempts
                     ))
                 } else {
                     Settle::Nack(after.unwrap_or_else(|| self.backoff.delay(d.attempt)))
@@ -522,7 +539,7 @@ where
     }
 
     fn conflict(&self, id: &MessageId, stored: Fingerprint, fp: Fingerprint) -> Disposition {
-        match self.opts.on_conflict {
+        match self.opts.dedup.on_conflict {
             ConflictPolicy::Ignore => Disposition::Duplicate,
             ConflictPolicy::DeadLetter => Disposition::dead_letter(format!(
                 "conflict: message id {id} was already processed with another payload \
@@ -567,7 +584,9 @@ where
         if keys.is_empty() {
             return Ok(());
         }
-        let states = claims.acquire_batch(&keys, self.opts.claim_lease).await?;
+        let states = claims
+            .acquire_batch(&keys, self.opts.dedup.claim_lease)
+            .await?;
         let fps: Vec<Fingerprint> = keys.iter().map(|(_, fp)| *fp).collect();
         for ((i, state), fp) in wanted.into_iter().zip(states).zip(fps) {
             let d = &batch[i];
@@ -746,7 +765,7 @@ where
         // Most batches fail nowhere: run them with no savepoint per message (two round trips
         // each saved) and, only when a message fails, roll the batch back and run it again
         // with a savepoint per message, so that the failing one rolls back alone.
-        let optimistic = self.opts.optimistic_batches && claims.is_none();
+        let optimistic = self.opts.batching.optimistic && claims.is_none();
         let (mut tx, claimed) = if optimistic && self.effectively_once(Idempotency::DedupTable) {
             let (tx, answers) = self.begin_claimed(batch, slots).await?;
             (tx, Some(answers))
@@ -812,6 +831,9 @@ where
             return Ok(report); // the transaction is dropped: rolled back
         }
         self.store.commit(tx).await?;
+        if let Some(observer) = &self.observer {
+            observer.committed(&live(batch, slots));
+        }
         if self.crash_at(FaultPoint::AfterCommit, batch, slots).await {
             report.crashed = true;
             return Ok(report);
@@ -1097,4 +1119,14 @@ where
         }
         Ok(())
     }
+}
+
+/// The deliveries of `batch` that are not being dead-lettered.
+fn live<'a>(batch: &'a [Delivery], slots: &[Slot]) -> Vec<&'a Delivery> {
+    batch
+        .iter()
+        .zip(slots)
+        .filter(|(_, s)| !matches!(s.settle, Settle::DeadLetter(_)))
+        .map(|(d, _)| d)
+        .collect()
 }

@@ -70,10 +70,10 @@ impl Handler<SqliteTx> for Ledger {
 
 fn options() -> ConsumerOptions {
     let mut o = ConsumerOptions::new("ledger");
-    o.batch_size = 50;
-    o.receive_wait = Duration::from_millis(100);
-    o.backoff_base = Duration::from_millis(50);
-    o.backoff_max = Duration::from_millis(100);
+    o.batching.size = 50;
+    o.batching.receive_wait = Duration::from_millis(100);
+    o.retry.backoff_base = Duration::from_millis(50);
+    o.retry.backoff_max = Duration::from_millis(100);
     o
 }
 
@@ -164,7 +164,7 @@ async fn retries_go_through_the_delay_tier_then_dead_letter_with_reason_headers(
         .unwrap();
     let runs = Arc::new(AtomicU64::new(0));
     let mut o = options();
-    o.max_attempts = 3;
+    o.retry.max_attempts = 3;
     let consumer = Consumer::new(
         o,
         source.clone(),

@@ -64,12 +64,12 @@ impl Handler<MemoryTx> for Deploy {
 fn options(batch: usize) -> ConsumerOptions {
     let mut o = ConsumerOptions::new("test");
     o.semantics = Semantics::EffectivelyOnce;
-    o.linger = Duration::ZERO;
-    o.receive_wait = Duration::from_millis(20);
-    o.backoff_base = Duration::from_millis(5);
-    o.backoff_max = Duration::from_millis(20);
-    o.batch_size = batch;
-    o.max_attempts = 2;
+    o.batching.linger = Duration::ZERO;
+    o.batching.receive_wait = Duration::from_millis(20);
+    o.retry.backoff_base = Duration::from_millis(5);
+    o.retry.backoff_max = Duration::from_millis(20);
+    o.batching.size = batch;
+    o.retry.max_attempts = 2;
     o
 }
 

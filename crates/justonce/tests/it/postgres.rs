@@ -140,10 +140,10 @@ async fn consume_through_a_restart(url: &str, queue: Queue) {
         .unwrap();
 
     let mut opts = ConsumerOptions::new("ledger");
-    opts.batch_size = 50;
-    opts.receive_wait = Duration::from_millis(100);
-    opts.backoff_base = Duration::from_millis(100);
-    opts.backoff_max = Duration::from_secs(1);
+    opts.batching.size = 50;
+    opts.batching.receive_wait = Duration::from_millis(100);
+    opts.retry.backoff_base = Duration::from_millis(100);
+    opts.retry.backoff_max = Duration::from_secs(1);
     let mut consumer = Consumer::new(
         opts,
         queue.source(),
@@ -264,11 +264,11 @@ async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering(
     let ledger = justonce_test::unique_name("jo_ledger_schema");
 
     let mut opts = ConsumerOptions::new("ledger");
-    opts.batch_size = 10;
-    opts.max_attempts = 2;
-    opts.receive_wait = Duration::from_millis(50);
-    opts.backoff_base = Duration::from_millis(20);
-    opts.backoff_max = Duration::from_millis(100);
+    opts.batching.size = 10;
+    opts.retry.max_attempts = 2;
+    opts.batching.receive_wait = Duration::from_millis(50);
+    opts.retry.backoff_base = Duration::from_millis(20);
+    opts.retry.backoff_max = Duration::from_millis(100);
     opts.breaker = justonce::BreakerOptions::disabled();
     let consumer = Consumer::new(
         opts,

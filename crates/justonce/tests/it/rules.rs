@@ -20,10 +20,10 @@ fn msg(id: &str, payload: &str) -> Message {
 fn options(semantics: Semantics) -> ConsumerOptions {
     let mut o = ConsumerOptions::new("test");
     o.semantics = semantics;
-    o.linger = Duration::ZERO;
-    o.receive_wait = Duration::from_millis(20);
-    o.backoff_base = Duration::from_millis(10);
-    o.backoff_max = Duration::from_millis(40);
+    o.batching.linger = Duration::ZERO;
+    o.batching.receive_wait = Duration::from_millis(20);
+    o.retry.backoff_base = Duration::from_millis(10);
+    o.retry.backoff_max = Duration::from_millis(40);
     o
 }
 
@@ -115,7 +115,7 @@ async fn a_batch_runs_again_with_savepoints_only_when_a_message_fails() {
         .await
         .unwrap();
         let mut opts = options(Semantics::EffectivelyOnce);
-        opts.optimistic_batches = optimistic;
+        opts.batching.optimistic = optimistic;
         let c = consumer(opts, &q, &store, &script);
         let report = c.run_once().await.unwrap();
         assert_eq!(
@@ -147,7 +147,7 @@ async fn retries_back_off_then_dead_letter_with_the_attempts() {
     let script = Script::default();
     q.publish(&msg("r", "retry:r")).await.unwrap();
     let mut opts = options(Semantics::EffectivelyOnce);
-    opts.max_attempts = 3;
+    opts.retry.max_attempts = 3;
     let c = consumer(opts, &q, &store, &script);
     let started = tokio::time::Instant::now();
     c.run_until(until_empty(q.clone())).await.unwrap();
@@ -260,7 +260,7 @@ async fn redeliveries_and_republished_ids_take_effect_once_only_when_effectively
             .await
             .unwrap();
         let mut opts = options(semantics);
-        opts.batch_size = 2;
+        opts.batching.size = 2;
         let c =
             consumer(opts, &q, &store, &script).with_fault_hook(Arc::new(CrashAfterCommit("a")));
         q.publish(&msg("b", "ok:b")).await.unwrap();
@@ -284,7 +284,7 @@ async fn same_id_with_another_payload_is_a_conflict() {
         let store = MemoryStore::new();
         let script = Script::default();
         let mut opts = options(Semantics::EffectivelyOnce);
-        opts.on_conflict = policy;
+        opts.dedup.on_conflict = policy;
         let c = consumer(opts, &q, &store, &script);
         q.publish(&msg("x", "ok:first")).await.unwrap();
         c.run_once().await.unwrap();
@@ -327,7 +327,7 @@ async fn graceful_shutdown_commits_and_acks_the_batch_in_flight() {
     q.publish_batch(&batch).await.unwrap();
     q.publish_batch(&[msg("later", "ok:later")]).await.unwrap();
     let mut opts = options(Semantics::EffectivelyOnce);
-    opts.batch_size = 4;
+    opts.batching.size = 4;
     let c = consumer(opts, &q, &store, &script);
     let runs = script.clone();
     // Shut down while the first batch is in its handler.
@@ -354,9 +354,9 @@ async fn graceful_shutdown_commits_and_acks_the_batch_in_flight() {
 async fn retention_shorter_than_the_redelivery_horizon_refuses_to_start() {
     let q: Arc<dyn Source> = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
     let mut opts = options(Semantics::EffectivelyOnce);
-    opts.max_attempts = 5;
-    opts.backoff_max = Duration::from_secs(60);
-    opts.retention = Some(Duration::from_secs(300));
+    opts.retry.max_attempts = 5;
+    opts.retry.backoff_max = Duration::from_secs(60);
+    opts.dedup.retention = Some(Duration::from_secs(300));
     let err = Consumer::new(
         opts.clone(),
         q.clone(),
@@ -368,6 +368,6 @@ async fn retention_shorter_than_the_redelivery_horizon_refuses_to_start() {
     let text = err.to_string();
     // 4 retries x 60 s + 5 x 30 s lease = 390 s.
     assert!(text.contains("300s") && text.contains("390s"), "{text}");
-    opts.retention = Some(Duration::from_secs(24 * 3600));
+    opts.dedup.retention = Some(Duration::from_secs(24 * 3600));
     assert!(Consumer::new(opts, q, MemoryStore::new(), Script::default()).is_ok());
 }

@@ -78,7 +78,7 @@ async fn bad_input_reaches_the_dead_letter_table_with_a_reason() {
 
     let mut opts = ConsumerOptions::new("ledger");
     opts.max_payload_bytes = 1024;
-    opts.batch_size = 3;
+    opts.batching.size = 3;
     let consumer = Consumer::new(opts, queue.clone(), store.clone(), Ledger).unwrap();
     let q = queue.clone();
     consumer

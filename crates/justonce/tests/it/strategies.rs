@@ -158,13 +158,13 @@ fn consumer(
     seen: &Arc<Mutex<Vec<Option<Vec<u8>>>>>,
 ) -> Consumer<SqliteStore, Pay> {
     let mut opts = ConsumerOptions::new("billing");
-    opts.idempotency = method.idempotency();
-    opts.batch_size = 1;
-    opts.linger = Duration::ZERO;
-    opts.receive_wait = Duration::from_millis(50);
-    opts.claim_lease = Duration::from_secs(30);
-    opts.backoff_base = Duration::from_millis(20);
-    opts.backoff_max = Duration::from_millis(50);
+    opts.dedup.idempotency = method.idempotency();
+    opts.batching.size = 1;
+    opts.batching.linger = Duration::ZERO;
+    opts.batching.receive_wait = Duration::from_millis(50);
+    opts.dedup.claim_lease = Duration::from_secs(30);
+    opts.retry.backoff_base = Duration::from_millis(20);
+    opts.retry.backoff_max = Duration::from_millis(50);
     let machine = StateMachine::new([("PENDING", "PAID"), ("PAID", "SHIPPED")]).unwrap();
     let pay = Pay {
         method,

@@ -1,4 +1,5 @@
-//! The conformance suites on the in-memory backends: one test per rule.
+//! The conformance suites on core's in-memory backends, one test per rule: the kit's
+//! own check that its rules pass on a correct backend.
 
 use std::sync::Arc;
 use std::time::Duration;
