@@ -66,25 +66,8 @@ macro_rules! __stamp {
 #[macro_export]
 macro_rules! dedup_store_tests {
     ($make:expr) => {
-        $crate::__stamp!(
-            dedup,
-            $make,
-            [
-                fresh_then_duplicate_then_conflict,
-                keys_are_scoped_by_consumer,
-                rollback_forgets_a_claim,
-                savepoints_keep_or_discard_their_claims,
-                concurrent_claims_of_one_key_one_wins,
-                concurrent_batches_of_the_same_keys_one_wins,
-                claim_many_answers_as_claims_one_by_one,
-                a_rolled_back_claim_many_leaves_nothing,
-                begin_with_claims_answers_one_key,
-                begin_with_claims_answers_a_batch,
-                begin_with_claims_records_each_fingerprint_and_odd_ids,
-                begin_with_claims_hashes_the_payloads,
-                purge_removes_old_records_in_batches,
-            ]
-        );
+        $crate::dedup_claim_tests!($make);
+        $crate::__stamp!(dedup, $make, [purge_removes_old_records_in_batches]);
     };
 }
 

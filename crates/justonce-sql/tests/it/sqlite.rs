@@ -41,17 +41,21 @@ mod sqlite_store {
     });
 }
 
+/// A store whose dedup table is named `billing_dedup`.
+async fn named_store(dir: &tempfile::TempDir) -> SqliteStore {
+    let opts = justonce_sql::SqliteStoreOptions::default().dedup_table("billing_dedup");
+    SqliteStore::open_with(&url(dir, "s.db"), opts)
+        .await
+        .unwrap()
+}
+
 /// The same on a dedup table of the application's own name.
 mod sqlite_named_store {
     use super::*;
 
     justonce_test::dedup_store_tests!(|| async {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = justonce_sql::SqliteStoreOptions::default();
-        opts.dedup_table = "billing_dedup".into();
-        let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
-            .await
-            .unwrap();
+        let store = named_store(&dir).await;
         Some(Backend::new(store).keeping(dir))
     });
 }
@@ -178,11 +182,7 @@ async fn wrong_urls_say_what_to_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedup_table_of_your_own_name_is_the_only_one() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = justonce_sql::SqliteStoreOptions::default();
-    opts.dedup_table = "billing_dedup".into();
-    let store = SqliteStore::open_with(&url(&dir, "s.db"), opts)
-        .await
-        .unwrap();
+    let store = named_store(&dir).await;
     use justonce_core::{DedupKey, DedupStore, Fingerprint, MessageId, Store};
     let id = MessageId::new("named-1").unwrap();
     let mut tx = store.begin().await.unwrap();
