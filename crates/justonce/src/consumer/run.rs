@@ -1,0 +1,144 @@
+//! The loops a running consumer is made of: a worker per unit of concurrency (receive a
+//! batch, process it, pause after a failure that is not the messages'), the purge, and the
+//! hand-back of a batch that failed.
+
+use std::time::Duration;
+
+use justonce_core::{DedupStore, Delivery, Receipt, Result};
+use tokio::sync::watch;
+use tracing::{debug, error, warn};
+
+use super::{Handler, Inner};
+
+impl<S, H> Inner<S, H>
+where
+    S: DedupStore,
+    H: Handler<S::Tx>,
+{
+    pub(super) async fn receive_batch(&self) -> Result<Vec<Delivery>> {
+        let max = self.opts.batching.size;
+        let mut batch = self
+            .source
+            .receive(max, self.opts.batching.receive_wait)
+            .await?;
+        if !batch.is_empty() && batch.len() < max && !self.opts.batching.linger.is_zero() {
+            tokio::time::sleep(self.opts.batching.linger).await;
+            let more = self
+                .source
+                .receive(max - batch.len(), Duration::ZERO)
+                .await?;
+            batch.extend(more);
+        }
+        // Every consumer takes the batch's row locks in one order, so that two batches
+        // touching the same rows wait for each other instead of deadlocking. The sort is
+        // stable: messages of one key keep their order.
+        batch.sort_by_cached_key(|d| self.handler.lock_key(&d.message));
+        Ok(batch)
+    }
+
+    pub(super) async fn worker(
+        &self,
+        worker: usize,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
+        let mut failures = 0u32;
+        while !*stop.borrow() {
+            // A receive is not cancelled when the shutdown comes: a SQL queue's receive is a
+            // write transaction, and one dropped midway leaves its connection holding the
+            // write lock until that connection is used again. It returns within
+            // `receive_wait`; what it got then goes back, uncounted.
+            let batch = self.receive_batch().await;
+            if *stop.borrow() {
+                if let Ok(b) = &batch {
+                    self.give_back(b).await;
+                }
+                break;
+            }
+            let result = match batch {
+                Ok(b) if b.is_empty() => continue,
+                Ok(b) => {
+                    let result = self.process_or_singly(&b).await;
+                    if result.is_err() {
+                        self.give_back(&b).await;
+                    }
+                    result
+                }
+                Err(e) => Err(e),
+            };
+            // A batch that failed, or whose failures the open breaker handed back, is not
+            // the messages' fault: pause, then the next batch is the probe. A consumer
+            // never stops on its own; only `shutdown` ends it.
+            let failed = match result {
+                Ok(report) if report.released == 0 => {
+                    failures = 0;
+                    continue;
+                }
+                Ok(_) => None,
+                Err(e) => Some(e),
+            };
+            failures += 1;
+            let pause = self.backoff.delay(failures);
+            if let Some(e) = failed {
+                let kind = e.kind();
+                let text = e.to_chain_string();
+                if kind.is_transient() {
+                    warn!(worker, consumer = %self.opts.name, %kind, error = %text, ?pause, "batch failed and was handed back; retrying after a pause");
+                } else {
+                    error!(worker, consumer = %self.opts.name, %kind, error = %text, advice = kind.advice(), ?pause, "batch failed for a reason that is not the messages': it was handed back without counting an attempt, and the consumer pauses until this is fixed");
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn purge_loop(
+        &self,
+        retention: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
+        const BATCH: u32 = 1000;
+        loop {
+            loop {
+                match self.store.purge(retention, BATCH).await {
+                    Ok(n) if n == u64::from(BATCH) => tokio::task::yield_now().await,
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(error = %e.to_chain_string(), "dedup purge failed; will try again");
+                        break;
+                    }
+                }
+            }
+            if let Some(claims) = &self.claims {
+                loop {
+                    match claims.purge(retention, BATCH).await {
+                        Ok(n) if n == u64::from(BATCH) => tokio::task::yield_now().await,
+                        Ok(_) => break,
+                        Err(e) => {
+                            warn!(error = %e.to_chain_string(), "claim purge failed; will try again");
+                            break;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                _ = tokio::time::sleep(self.opts.dedup.purge_interval) => {}
+            }
+        }
+    }
+
+    /// After a failed batch (not a crash): hands its deliveries back at once without
+    /// counting an attempt ([`Source::release`]), best effort. Nothing is lost if this
+    /// fails too: they come back when their lease runs out or their channel closes.
+    /// Receipts already settled are ignored by the transport.
+    pub(super) async fn give_back(&self, batch: &[Delivery]) {
+        let receipts: Vec<&Receipt> = batch.iter().map(|d| &d.receipt).collect();
+        if let Err(e) = self.source.release(&receipts).await {
+            debug!(error = %e.to_chain_string(), "could not hand the batch back; its leases will");
+        }
+    }
+}
