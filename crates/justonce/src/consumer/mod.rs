@@ -12,7 +12,8 @@
 //!   deliver the batch again, and the effect is applied twice.
 //! - [`Semantics::EffectivelyOnce`]: as at-least-once, but each message first claims its
 //!   dedup key `(consumer, message id)` in the same transaction. A redelivery finds the key
-//!   and is acked as a [`Disposition::Duplicate`] without running the handler.
+//!   and is acked as a [`Disposition::Duplicate`](justonce_core::Disposition::Duplicate)
+//!   without running the handler.
 //!
 //! # A batch
 //!
