@@ -18,13 +18,18 @@
 //!
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
+mod acks;
+mod admin;
+mod codec;
+mod connection;
 mod error;
 mod options;
 mod publisher;
 mod source;
 mod topology;
 
+pub use codec::ATTEMPTS_HEADER;
 pub use options::{AmqpOptions, Binding, DeadLetters, Declare, ExchangeType, QueueType};
 pub use publisher::AmqpPublisher;
-pub use source::{AmqpSource, ATTEMPTS_HEADER};
+pub use source::AmqpSource;
 pub use topology::declare;

@@ -1,64 +1,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lapin::options::{
-    BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use justonce_core::{DeadLetter, DeadLetterReason, Error, ErrorKind, Message, Publisher, Result};
+use justonce_core::{Error, ErrorKind, Message, Publisher, Result};
 
-use crate::error::{amqp, connect};
-use crate::{topology, AmqpOptions};
-
-/// Opens a connection and a channel, and declares the topology on it.
-pub(crate) async fn open(url: &str, opts: &AmqpOptions) -> Result<(Connection, Channel)> {
-    let conn = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .map_err(|e| connect(url, e))?;
-    if let Err(e) = topology::declare(&conn, opts).await {
-        close_quietly(&conn, 200, "justonce: topology refused").await;
-        return Err(e);
-    }
-    let channel = conn
-        .create_channel()
-        .await
-        .map_err(|e| amqp("opening a channel", e))?;
-    Ok((conn, channel))
-}
-
-/// Closes a connection, giving up after two seconds: a connection whose socket already
-/// broke may never answer the close.
-pub(crate) async fn close_quietly(conn: &Connection, code: u16, text: &str) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(code, text.into())).await;
-}
-
-/// A message as AMQP properties: persistent (delivery mode 2), `message_id` set from the
-/// message's id, its headers, plus `extra` headers.
-pub(crate) fn properties(m: &Message, extra: &[(String, String)]) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    for (k, v) in m
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    {
-        headers.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
-    }
-    let mut p = BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_headers(headers);
-    if let Some(id) = m.id() {
-        p = p.with_message_id(id.as_str().into());
-    }
-    if let Some(ct) = m.content_type() {
-        p = p.with_content_type(ct.into());
-    }
-    p
-}
+use crate::codec::properties;
+use crate::connection::{close_quietly, open};
+use crate::error::amqp;
+use crate::AmqpOptions;
 
 /// A publisher with confirms: a publish returns `Ok` only once the broker has confirmed
 /// it, which for a persistent message routed to a durable queue means "written".
@@ -111,112 +64,9 @@ impl AmqpPublisher {
         &self.opts
     }
 
-    /// Messages ready in `queue` (one of [`AmqpOptions::queues`]), as the broker counts them.
-    pub async fn ready(&self, queue: &str) -> Result<u32> {
-        let channel = self.channel().await?;
-        let q = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| amqp(format!("reading the depth of {queue}"), e))?;
-        Ok(q.message_count())
-    }
-
-    /// Messages ready in the work queue and the retry tiers (dead letters excluded), as the
-    /// broker counts them; deliveries unacked at consumers are not counted. For monitors
-    /// that must not consume (the lab).
-    pub async fn backlog(&self) -> Result<u64> {
-        let mut n = 0;
-        for queue in self.opts.waiting_queues() {
-            n += u64::from(self.ready(&queue).await?);
-        }
-        Ok(n)
-    }
-
-    /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
-    pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
-        let Some(q) = self.opts.dead_letter_queue() else {
-            let (exchange, key) = self.opts.dead_letter_target();
-            return Err(Error::config(format!(
-                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
-                 a queue of justonce's: read them where that exchange routes them"
-            )));
-        };
-        let channel = self.channel().await?;
-        let mut out = Vec::new();
-        loop {
-            let got = channel
-                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
-                .await
-                .map_err(|e| amqp("reading the dead-letter queue", e))?;
-            let Some(got) = got else { break };
-            out.push(crate::source::to_message(&got.delivery));
-            channel
-                .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
-                .await
-                .map_err(|e| amqp("acking a dead letter", e))?;
-        }
-        Ok(out)
-    }
-
-    /// The messages in the dead-letter queue, left there: each is fetched unacked on a
-    /// channel of its own, which is then closed, so the broker puts them all back.
-    pub async fn read_dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        let Some(q) = self.opts.dead_letter_queue() else {
-            let (exchange, key) = self.opts.dead_letter_target();
-            return Err(Error::config(format!(
-                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
-                 a queue of justonce's: read them where that exchange routes them"
-            )));
-        };
-        let channel = self.fresh_channel().await?;
-        let mut out = Vec::new();
-        loop {
-            let got = channel
-                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
-                .await
-                .map_err(|e| amqp("reading the dead-letter queue", e))?;
-            let Some(got) = got else { break };
-            out.push(dead_letter_of(&got.delivery));
-        }
-        let _ = channel
-            .close(200, "justonce: dead letters read".into())
-            .await;
-        Ok(out)
-    }
-
-    /// Deletes every queue and exchange of the topology: for tests and the demo.
-    pub async fn delete_topology(&self) -> Result<()> {
-        let channel = self.channel().await?;
-        for q in self.opts.queues() {
-            channel
-                .queue_delete(
-                    q.as_str().into(),
-                    lapin::options::QueueDeleteOptions::default(),
-                )
-                .await
-                .map_err(|e| amqp(format!("deleting queue {q}"), e))?;
-        }
-        let mut exchanges: Vec<&str> = self.opts.own_exchange().into_iter().collect();
-        if let crate::DeadLetters::Declare { exchange, .. } = &self.opts.dead_letters {
-            exchanges.push(exchange);
-        }
-        for x in exchanges {
-            channel
-                .exchange_delete(x.into(), lapin::options::ExchangeDeleteOptions::default())
-                .await
-                .map_err(|e| amqp(format!("deleting exchange {x}"), e))?;
-        }
-        Ok(())
-    }
-
-    async fn channel(&self) -> Result<Channel> {
+    /// The publishing channel, with confirms on; reopened (connection, topology) if it
+    /// broke.
+    pub(crate) async fn channel(&self) -> Result<Channel> {
         let mut live = self.live.lock().await;
         if let Some((conn, ch)) = live.as_ref() {
             if conn.status().connected() && ch.status().connected() {
@@ -233,7 +83,7 @@ impl AmqpPublisher {
 
     /// A new channel on the publisher's connection (opened if needed), for work that may
     /// close its channel or leave it in a state the publishing channel must not be in.
-    async fn fresh_channel(&self) -> Result<Channel> {
+    pub(crate) async fn fresh_channel(&self) -> Result<Channel> {
         self.channel().await?;
         let live = self.live.lock().await;
         let (conn, _) = live
@@ -391,48 +241,5 @@ impl Publisher for AmqpPublisher {
             .collect();
         let (exchange, key) = self.opts.publish_target();
         self.send(exchange, key, &items).await
-    }
-}
-
-/// A dead letter read back: its reason from our headers or, for one the broker dead-lettered
-/// itself (a quorum queue's delivery limit), from the broker's `x-first-death-*` headers.
-fn dead_letter_of(d: &lapin::message::Delivery) -> DeadLetter {
-    let message = crate::source::to_message(d);
-    let h = message.headers();
-    let reason = DeadLetterReason::from_headers(h).unwrap_or_else(|| DeadLetterReason {
-        error: format!(
-            "dead-lettered by the broker: {}",
-            h.get("x-first-death-reason")
-                .map_or("no reason given", |r| r.as_str())
-        ),
-        attempts: h
-            .get("x-delivery-count")
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0),
-        source_queue: h.get("x-first-death-queue").cloned().unwrap_or_default(),
-        consumer: String::new(),
-    });
-    DeadLetter { message, reason }
-}
-
-#[async_trait]
-impl justonce_core::Inspect for AmqpPublisher {
-    /// Messages ready in the work queue and the retry tiers, as the broker counts them (a
-    /// publisher sees none in flight at consumers).
-    async fn pending(&self) -> Result<u64> {
-        self.backlog().await
-    }
-
-    /// `None`: a publisher sees no deliveries.
-    async fn deliveries(&self) -> Result<Option<u64>> {
-        Ok(None)
-    }
-
-    async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        self.read_dead_letters().await
-    }
-
-    async fn cleanup(&self) -> Result<()> {
-        self.delete_topology().await
     }
 }

@@ -6,24 +6,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_lite::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, Mutex};
 use tracing::warn;
 
 use justonce_core::{
-    DeadLetterReason, Delivery, Error, Headers, Message, MessageId, Publisher, Receipt, Result,
-    Source,
+    DeadLetterReason, Delivery, Error, Message, Publisher, Receipt, Result, Source,
 };
 
+use crate::codec::{self, properties, ATTEMPTS_HEADER};
+use crate::connection::{close_quietly, open};
 use crate::error::amqp;
-use crate::publisher::{close_quietly, open, properties};
-use crate::{AmqpOptions, AmqpPublisher};
-
-/// The header counting the attempts a message made before it went through a retry tier.
-/// Quorum queues count requeues themselves in `x-delivery-count`; classic queues and retry
-/// tiers do not, and `x-death` is never relied on.
-pub const ATTEMPTS_HEADER: &str = "x-justonce-attempts";
+use crate::{acks, AmqpOptions, AmqpPublisher};
 
 /// A RabbitMQ consumer with manual acks.
 ///
@@ -95,27 +90,6 @@ impl std::fmt::Debug for AmqpSource {
     }
 }
 
-fn header_text(v: &AMQPValue) -> Option<String> {
-    Some(match v {
-        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-        AMQPValue::ShortString(s) => s.as_str().to_owned(),
-        AMQPValue::LongLongInt(n) => n.to_string(),
-        AMQPValue::LongInt(n) => n.to_string(),
-        AMQPValue::LongUInt(n) => n.to_string(),
-        AMQPValue::ShortInt(n) => n.to_string(),
-        AMQPValue::Boolean(b) => b.to_string(),
-        _ => return None,
-    })
-}
-
-fn header_count(headers: Option<&FieldTable>, key: &str) -> u32 {
-    headers
-        .and_then(|h| h.inner().get(key))
-        .and_then(header_text)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
 impl AmqpSource {
     /// Connects, declares the topology and starts consuming. Fails with a clear error when
     /// the broker cannot be reached.
@@ -166,28 +140,6 @@ impl AmqpSource {
             .len()
     }
 
-    /// Messages ready in `queue` (one of [`AmqpOptions::queues`]), as the broker counts them.
-    pub async fn ready(&self, queue: &str) -> Result<u32> {
-        self.inner.publisher.ready(queue).await
-    }
-
-    /// Messages the broker still owes a consumer: those in flight on this source plus those
-    /// ready in the work queue and the retry tiers (dead letters excluded). Counted by the
-    /// broker, except in-flight ones; a closed channel's deliveries reappear as ready a moment
-    /// after the close, so treat a single zero as provisional.
-    pub async fn pending(&self) -> Result<u64> {
-        let mut n = self.in_flight() as u64;
-        for queue in self.inner.opts.waiting_queues() {
-            n += u64::from(self.ready(&queue).await?);
-        }
-        Ok(n)
-    }
-
-    /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
-    pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
-        self.inner.publisher.drain_dead_letters().await
-    }
-
     /// Publishes without waiting for the confirm; see
     /// [`AmqpPublisher::publish_without_confirm`].
     pub async fn publish_without_confirm(&self, message: &Message) -> Result<()> {
@@ -215,11 +167,9 @@ impl AmqpSource {
         }
     }
 
-    /// Deletes every queue and exchange of the topology: for tests and the demo.
-    pub async fn delete_topology(&self) -> Result<()> {
-        self.inner.publisher.delete_topology().await?;
-        self.abandon().await;
-        Ok(())
+    /// The publisher this source sends retries and dead letters with.
+    pub(crate) fn publisher(&self) -> &AmqpPublisher {
+        &self.inner.publisher
     }
 
     /// The current channel and its generation, reconnecting if it broke.
@@ -294,14 +244,8 @@ impl AmqpSource {
     }
 
     fn take(&self, generation: u64, d: lapin::message::Delivery) -> Delivery {
-        let headers = d.properties.headers().as_ref();
-        let before = header_count(headers, ATTEMPTS_HEADER);
-        let requeues = match header_count(headers, "x-delivery-count") {
-            0 if d.redelivered => 1,
-            n => n,
-        };
-        let attempt = before + requeues + 1;
-        let message = to_message(&d);
+        let attempt = codec::attempt(&d.properties, d.redelivered);
+        let message = codec::message(&d.properties, &d.data);
         self.inner
             .outstanding
             .lock()
@@ -347,27 +291,11 @@ impl AmqpSource {
                 .outstanding
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let wanted: BTreeSet<u64> = tags
+            let wanted = tags
                 .iter()
-                .filter(|(generation, tag)| *generation == current && out.contains(tag))
-                .map(|(_, tag)| *tag)
-                .collect();
-            let mut upto = None;
-            for t in out.iter() {
-                if wanted.contains(t) {
-                    upto = Some(*t);
-                } else {
-                    break;
-                }
-            }
-            for t in &wanted {
-                out.remove(t);
-            }
-            let singles: Vec<u64> = wanted
-                .into_iter()
-                .filter(|t| upto.is_none_or(|u| *t > u))
-                .collect();
-            (upto, singles)
+                .filter(|(generation, _)| *generation == current)
+                .map(|(_, tag)| *tag);
+            acks::plan(&mut out, wanted)
         };
         if let Some(t) = multiple {
             channel
@@ -390,29 +318,6 @@ impl AmqpSource {
             .filter(|l| !l.broken.load(Ordering::SeqCst))
             .map(|l| (l.channel.clone(), l.generation))
     }
-}
-
-pub(crate) fn to_message(d: &lapin::message::Delivery) -> Message {
-    let mut headers = Headers::new();
-    if let Some(table) = d.properties.headers() {
-        for (k, v) in table.inner() {
-            if let Some(text) = header_text(v) {
-                headers.insert(k.as_str().to_owned(), text);
-            }
-        }
-    }
-    let id = d
-        .properties
-        .message_id()
-        .as_ref()
-        .and_then(|s| MessageId::new(s.as_str()).ok());
-    let mut m = Message::new(d.data.clone())
-        .with_message_id(id)
-        .with_headers(headers);
-    if let Some(ct) = d.properties.content_type() {
-        m = m.with_content_type(ct.as_str());
-    }
-    m
 }
 
 /// A delivery for `t`, which stays the receipt.
@@ -583,26 +488,5 @@ impl Publisher for AmqpSource {
 
     async fn publish_batch(&self, messages: &[Message]) -> Result<()> {
         self.inner.publisher.publish_batch(messages).await
-    }
-}
-
-#[async_trait]
-impl justonce_core::Inspect for AmqpSource {
-    /// In flight on this source, plus ready in the work queue and the retry tiers.
-    async fn pending(&self) -> Result<u64> {
-        AmqpSource::pending(self).await
-    }
-
-    /// The deliveries this source received, counted from the broker's frames as they arrive.
-    async fn deliveries(&self) -> Result<Option<u64>> {
-        Ok(Some(self.delivery_counts().0))
-    }
-
-    async fn dead_letters(&self) -> Result<Vec<justonce_core::DeadLetter>> {
-        self.inner.publisher.read_dead_letters().await
-    }
-
-    async fn cleanup(&self) -> Result<()> {
-        self.delete_topology().await
     }
 }

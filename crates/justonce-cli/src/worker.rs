@@ -64,6 +64,11 @@ pub(crate) struct WorkerArgs {
     /// Exit 0 once the queue holds nothing (instead of waiting for SIGINT/SIGTERM).
     #[arg(long)]
     exit_when_drained: bool,
+    /// Leave the business tables alone (the lab creates them once): a worker that starts
+    /// while the lab's schema fault has renamed the accounts table away must not create
+    /// a new, empty one.
+    #[arg(long)]
+    no_setup: bool,
     #[command(flatten)]
     topology: crate::bus::Topology,
 }
@@ -90,7 +95,9 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     .await?;
     let tables = Tables::new(&args.tables)?;
     let store = B::open(&args.store, &tables).await?;
-    store.setup(&tables, &[]).await?;
+    if !args.no_setup {
+        store.setup(&tables, &[]).await?;
+    }
     let mut opts = ConsumerOptions::new(args.consumer);
     opts.semantics = args.semantics;
     opts.batching.size = args.batch_size;
