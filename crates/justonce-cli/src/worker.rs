@@ -19,6 +19,7 @@ use justonce::{
     Receipt, Semantics, Source,
 };
 
+use crate::lab::protocol;
 use crate::orders::{Bank, PaymentHandler, Strategy, Tables};
 
 /// Arguments of `justonce worker`.
@@ -155,7 +156,7 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     // The lab starts its publisher once every worker has said this.
-    eprintln!("justonce-worker ready");
+    eprintln!("{}", protocol::READY);
     consumer.run_until(shutdown).await?;
     Ok(())
 }
@@ -171,35 +172,14 @@ struct PauseHook {
 
 impl PauseHook {
     fn from_env() -> anyhow::Result<Option<Self>> {
-        let Ok(spec) = std::env::var("JUSTONCE_FAULT_PAUSE") else {
+        let Ok(spec) = std::env::var(protocol::FAULT_PAUSE_ENV) else {
             return Ok(None);
         };
-        let mut parts = spec.split(':');
-        let (Some(point), Some(ms)) = (parts.next(), parts.next()) else {
-            anyhow::bail!("JUSTONCE_FAULT_PAUSE must be POINT:MS[:BATCH]");
-        };
-        let only = parts
-            .next()
-            .map(|b| b.parse::<u64>())
-            .transpose()
-            .context("JUSTONCE_FAULT_PAUSE: BATCH must be a number")?;
-        let point = [
-            FaultPoint::AfterAck,
-            FaultPoint::BeforeCommit,
-            FaultPoint::AfterCommit,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == point)
-        .with_context(|| {
-            format!("unknown fault point `{point}`: use after-ack, before-commit or after-commit")
-        })?;
-        let ms: u64 = ms
-            .parse()
-            .context("JUSTONCE_FAULT_PAUSE: MS must be a number")?;
+        let p = protocol::FaultPause::parse(&spec)?;
         Ok(Some(PauseHook {
-            point,
-            pause: Duration::from_millis(ms),
-            only,
+            point: p.point,
+            pause: p.pause,
+            only: p.only,
             reached: Default::default(),
         }))
     }
@@ -220,9 +200,8 @@ impl FaultHook for PauseHook {
                 let mut err = std::io::stderr().lock();
                 let _ = writeln!(
                     err,
-                    "justonce-fault-point {} batch={}",
-                    point.as_str(),
-                    batch.len()
+                    "{}",
+                    protocol::at_fault_point(point, batch.len() as u64)
                 );
                 let _ = err.flush();
             }

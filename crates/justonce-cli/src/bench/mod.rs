@@ -7,23 +7,28 @@
 //! (A B C D, then B C D A, …) and each number is the median over the repeats; each ratio is
 //! the median of the ratios of runs made side by side in the same round.
 
+mod bare;
+mod clock;
 mod plot;
+mod report;
 mod run;
+mod server;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{bail, Context as _};
-use serde::{Deserialize, Serialize};
 
+pub(crate) use report::BenchReport;
+use report::{report, table};
 pub(crate) use run::BenchRunArgs;
 use run::RunResult;
 
 use crate::bus::Bus;
 use crate::demo::progress_bar;
 use crate::orders;
-use justonce::backend::{StoreKind, TransportKind};
+use justonce::backend::StoreKind;
 
 pub(crate) use run::run as run_child;
 
@@ -129,68 +134,6 @@ struct Case {
     msg_bytes: usize,
     /// Consumer processes; 0 consumes in the run's own process.
     workers: usize,
-}
-
-/// A variant's medians, as `--json` prints them.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct VariantReport {
-    pub(crate) name: String,
-    pub(crate) batch: usize,
-    pub(crate) concurrency: usize,
-    pub(crate) msg_bytes: usize,
-    /// Consumer processes (0: in the run's own process).
-    pub(crate) workers: usize,
-    pub(crate) msgs_per_sec: f64,
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
-    pub(crate) cpu_s_per_100k: f64,
-    pub(crate) rss_mb: f64,
-    /// Messages per second of every repeat, in run order.
-    pub(crate) runs: Vec<f64>,
-    /// Deadlocks the store's server counted in every repeat (`null` on SQLite).
-    pub(crate) deadlocks: Vec<Option<u64>>,
-}
-
-/// Throughput with more consumer processes, against the first `--workers` value.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Scaling {
-    pub(crate) variant: String,
-    pub(crate) workers: usize,
-    pub(crate) base_workers: usize,
-    /// Median of the paired ratios of msgs/s (`workers` / `base_workers`).
-    pub(crate) ratio: f64,
-}
-
-/// The ratios the targets are about (medians of paired runs); `null` when a run
-/// needed for one was not in the sweep.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Ratios {
-    pub(crate) effectively_vs_at_least_batched: Option<f64>,
-    pub(crate) effectively_vs_at_least_unbatched: Option<f64>,
-    pub(crate) justonce_vs_bare: Option<f64>,
-    /// p50 latency effectively-once minus at-least-once, unbatched, in ms.
-    pub(crate) p50_added_ms_unbatched: Option<f64>,
-    /// Each variant's throughput with more consumer processes (`--workers`).
-    pub(crate) workers_scaling: Vec<Scaling>,
-}
-
-/// The whole report.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct BenchReport {
-    pub(crate) transport: String,
-    pub(crate) store: String,
-    pub(crate) messages: u64,
-    pub(crate) repeats: usize,
-    /// The batch size the "batched" ratios use.
-    pub(crate) batched: usize,
-    /// The justonce variants ran with a savepoint and a claim per message (`--careful`).
-    pub(crate) careful: bool,
-    /// The hot set of accounts (`--accounts`); `null`: message i pays into account i mod 10,000.
-    pub(crate) accounts: Option<i64>,
-    /// Batches ran in arrival order, without lock keys (`--unordered`).
-    pub(crate) unordered: bool,
-    pub(crate) variants: Vec<VariantReport>,
-    pub(crate) ratios: Ratios,
 }
 
 fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
@@ -401,212 +344,4 @@ fn drained(messages: u64, batch: usize) -> u64 {
     } else {
         messages
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
-fn report(
-    args: &BenchArgs,
-    batched: usize,
-    cases: &[Case],
-    results: &BTreeMap<Case, Vec<RunResult>>,
-) -> BenchReport {
-    let runs = |c: &Case| -> Vec<&RunResult> {
-        results
-            .get(c)
-            .map(|v| v.iter().collect())
-            .unwrap_or_default()
-    };
-    let variants = cases
-        .iter()
-        .map(|c| {
-            let r = runs(c);
-            let col = |f: fn(&RunResult) -> f64| median(r.iter().map(|x| f(x)).collect());
-            VariantReport {
-                name: c.variant.as_str().into(),
-                batch: c.batch,
-                concurrency: c.concurrency,
-                msg_bytes: c.msg_bytes,
-                workers: c.workers,
-                msgs_per_sec: col(|x| x.msgs_per_sec),
-                p50_ms: col(|x| x.p50_ms),
-                p99_ms: col(|x| x.p99_ms),
-                cpu_s_per_100k: col(|x| x.cpu_s_per_100k),
-                rss_mb: col(|x| x.rss_mb),
-                runs: r.iter().map(|x| x.msgs_per_sec).collect(),
-                deadlocks: r.iter().map(|x| x.deadlocks).collect(),
-            }
-        })
-        .collect();
-    let w0 = args.workers.first().copied().unwrap_or(0);
-    let at = |variant: Variant, batch: usize| Case {
-        variant,
-        batch,
-        concurrency: args.concurrency[0],
-        msg_bytes: args.msg_bytes[0],
-        workers: w0,
-    };
-    // Paired: the two runs of one round, made minutes apart at most.
-    let paired = |a: Case, b: Case, f: fn(&RunResult, &RunResult) -> f64| -> Option<f64> {
-        let (ra, rb) = (results.get(&a)?, results.get(&b)?);
-        let v: Vec<f64> = ra.iter().zip(rb).map(|(x, y)| f(x, y)).collect();
-        let m = median(v);
-        m.is_finite().then_some(m)
-    };
-    let speed = |x: &RunResult, y: &RunResult| x.msgs_per_sec / y.msgs_per_sec;
-    let ratios = Ratios {
-        effectively_vs_at_least_batched: paired(
-            at(Variant::EffectivelyOnce, batched),
-            at(Variant::AtLeastOnce, batched),
-            speed,
-        ),
-        effectively_vs_at_least_unbatched: paired(
-            at(Variant::EffectivelyOnce, 1),
-            at(Variant::AtLeastOnce, 1),
-            speed,
-        ),
-        justonce_vs_bare: paired(
-            at(Variant::AtLeastOnce, batched),
-            at(Variant::Bare, batched),
-            speed,
-        ),
-        p50_added_ms_unbatched: paired(
-            at(Variant::EffectivelyOnce, 1),
-            at(Variant::AtLeastOnce, 1),
-            |x, y| x.p50_ms - y.p50_ms,
-        ),
-        workers_scaling: args
-            .workers
-            .iter()
-            .skip(1)
-            .flat_map(|&workers| {
-                args.variants.iter().filter_map(move |&variant| {
-                    if variant == Variant::Bare {
-                        return None;
-                    }
-                    let base = at(variant, batched);
-                    let more = Case { workers, ..base };
-                    Some(Scaling {
-                        variant: variant.as_str().into(),
-                        workers,
-                        base_workers: w0,
-                        ratio: paired(more, base, speed)?,
-                    })
-                })
-            })
-            .collect(),
-    };
-    let transport = args
-        .transport
-        .as_deref()
-        .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url);
-    let store = args
-        .store
-        .as_deref()
-        .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url);
-    BenchReport {
-        transport: transport.map_or("?", TransportKind::as_str).into(),
-        store: store.map_or("?", StoreKind::as_str).into(),
-        messages: args.messages,
-        repeats: args.repeats,
-        batched,
-        careful: args.careful,
-        accounts: args.accounts,
-        unordered: args.unordered,
-        variants,
-        ratios,
-    }
-}
-
-fn table(r: &BenchReport) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "justonce bench: {} transport, {} store; {} messages per run (unbatched: a tenth), medians of {} interleaved repeats{}",
-        r.transport,
-        r.store,
-        r.messages,
-        r.repeats,
-        if r.careful {
-            "; a savepoint and a claim per message (--careful)"
-        } else {
-            ""
-        }
-    );
-    if let Some(a) = r.accounts {
-        let _ = writeln!(s, "payments into a hot set of {a} accounts");
-    }
-    let _ = writeln!(
-        s,
-        "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
-        "variant",
-        "batch",
-        "conc",
-        "workers",
-        "bytes",
-        "msgs/s",
-        "p50 ms",
-        "p99 ms",
-        "cpu s/100k",
-        "rss MB",
-        "deadlocks"
-    );
-    for v in &r.variants {
-        let deadlocks: Option<u64> = v.deadlocks.iter().copied().sum();
-        let _ = writeln!(
-            s,
-            "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
-            v.name,
-            v.batch,
-            v.concurrency,
-            if v.workers == 0 {
-                "-".to_owned()
-            } else {
-                v.workers.to_string()
-            },
-            v.msg_bytes,
-            v.msgs_per_sec,
-            v.p50_ms,
-            v.p99_ms,
-            v.cpu_s_per_100k,
-            v.rss_mb,
-            deadlocks.map_or("-".to_owned(), |d| d.to_string())
-        );
-    }
-    for sc in &r.ratios.workers_scaling {
-        let _ = writeln!(
-            s,
-            "{} with {} workers / {}: {:.3}",
-            sc.variant, sc.workers, sc.base_workers, sc.ratio
-        );
-    }
-    let f = |x: Option<f64>| x.map_or("n/a".to_owned(), |x| format!("{x:.3}"));
-    let _ = writeln!(
-        s,
-        "effectively-once / at-least-once: batched ({}) {}, unbatched {} (p50 added {} ms)",
-        r.batched,
-        f(r.ratios.effectively_vs_at_least_batched),
-        f(r.ratios.effectively_vs_at_least_unbatched),
-        f(r.ratios.p50_added_ms_unbatched),
-    );
-    let _ = writeln!(
-        s,
-        "justonce at-least-once / bare (batch {}): {}",
-        r.batched,
-        f(r.ratios.justonce_vs_bare)
-    );
-    s
 }

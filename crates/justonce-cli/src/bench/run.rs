@@ -16,19 +16,19 @@
 //! are the store server's own count (`pg_stat_database`, `Innodb_deadlocks`), before and
 //! after.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use futures_lite::StreamExt;
-use justonce::amqp::AmqpOptions;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::{CommitObserver, Consumer, ConsumerOptions, Delivery, Message, Semantics, Source};
+use justonce::{Consumer, ConsumerOptions, Message, Semantics};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
+use super::bare::{bare_amqp, bare_source};
+use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
+use super::server::{deadlocks, settle};
 use super::Variant;
 use crate::bus::{Bus, Topology};
 use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
@@ -154,113 +154,6 @@ fn message(
     Ok(Message::json(&p)?.with_id(order_id)?)
 }
 
-/// When each message was published, and the commits seen so far.
-#[derive(Default)]
-struct Clock {
-    sent: Mutex<HashMap<String, Instant>>,
-    latencies_ms: Mutex<Vec<f64>>,
-    committed: AtomicU64,
-    progress: Notify,
-}
-
-impl Clock {
-    fn sent(&self, messages: &[Message]) {
-        let now = Instant::now();
-        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
-        for m in messages {
-            if let Some(id) = m.id() {
-                sent.insert(id.as_str().to_owned(), now);
-            }
-        }
-    }
-
-    fn committed<'a>(&self, ids: impl Iterator<Item = &'a str>) {
-        let now = Instant::now();
-        let mut n = 0;
-        {
-            let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
-            let mut lat = self.latencies_ms.lock().unwrap_or_else(|e| e.into_inner());
-            for id in ids {
-                n += 1;
-                if let Some(t) = sent.remove(id) {
-                    lat.push(now.duration_since(t).as_secs_f64() * 1e3);
-                }
-            }
-        }
-        self.committed.fetch_add(n, Ordering::SeqCst);
-        self.progress.notify_waiters();
-    }
-
-    async fn wait_for(&self, target: u64, limit: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + limit;
-        while self.committed.load(Ordering::SeqCst) < target {
-            if Instant::now() > deadline {
-                bail!(
-                    "only {} of {target} messages committed after {limit:?}",
-                    self.committed.load(Ordering::SeqCst)
-                );
-            }
-            let notified = self.progress.notified();
-            if self.committed.load(Ordering::SeqCst) >= target {
-                break;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
-        }
-        Ok(())
-    }
-}
-
-/// Tells the clock what each batch committed.
-struct CommitClock(Arc<Clock>);
-
-impl CommitObserver for CommitClock {
-    fn committed(&self, batch: &[&Delivery]) {
-        self.0.committed(
-            batch
-                .iter()
-                .filter_map(|d| d.message.id())
-                .map(|i| i.as_str()),
-        );
-    }
-}
-
-/// Process CPU time (user + system) so far, from `/proc/self/stat` (clock ticks of 10 ms).
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return f64::NAN;
-    };
-    // The command name may hold spaces: count fields after its closing parenthesis.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return f64::NAN;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) => (u + s) / 100.0,
-        _ => f64::NAN,
-    }
-}
-
-/// Peak resident set size of this process in MiB (`VmHWM`).
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-fn percentile(sorted: &[f64], p: usize) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
 pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
     if args.batch == 0 || args.concurrency == 0 {
         bail!("--batch and --concurrency must be at least 1");
@@ -328,35 +221,6 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
         _ => None,
     };
     Ok(result)
-}
-
-/// The deadlocks the store's server has counted so far: PostgreSQL's for the database,
-/// MariaDB's for the server. `None` on SQLite.
-async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
-    use sqlx::Connection as _;
-    Ok(match StoreKind::from_url(store)? {
-        StoreKind::Postgres => {
-            let mut c = sqlx::PgConnection::connect(store).await?;
-            let n: i64 = sqlx::query_scalar(
-                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
-            )
-            .fetch_one(&mut c)
-            .await?;
-            c.close().await?;
-            Some(n as u64)
-        }
-        StoreKind::MySql => {
-            let url = store.replacen("mariadb://", "mysql://", 1);
-            let mut c = sqlx::MySqlConnection::connect(&url).await?;
-            let (_, n): (String, String) =
-                sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
-                    .fetch_one(&mut c)
-                    .await?;
-            c.close().await?;
-            Some(n.parse()?)
-        }
-        StoreKind::Sqlite => None,
-    })
 }
 
 /// The load of a run: `from..to`, published in chunks.
@@ -594,57 +458,7 @@ async fn measure<B: Bank>(
     })
 }
 
-/// Brings the databases to the same state before every timed drain, so that no run pays
-/// for the writes of the runs before it: on PostgreSQL a `VACUUM ANALYZE` of the queue
-/// table (every run deletes its rows) and a `CHECKPOINT` (a checkpoint that starts during a
-/// drain makes it write full pages again); on SQLite a checkpoint that empties the WAL.
-async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
-    use sqlx::Connection as _;
-    /// A database to bring to a known state, and whether the queue table is in it.
-    enum Db {
-        Postgres { queue: bool },
-        Sqlite,
-    }
-    let mut dbs: Vec<(&str, Db)> = vec![];
-    if args.store != args.transport {
-        match StoreKind::from_url(&args.store)? {
-            StoreKind::Postgres => dbs.push((&args.store, Db::Postgres { queue: false })),
-            StoreKind::Sqlite => dbs.push((&args.store, Db::Sqlite)),
-            StoreKind::MySql => {}
-        }
-    }
-    match Bus::kind_of(&args.transport)? {
-        TransportKind::Postgres => dbs.push((&args.transport, Db::Postgres { queue: true })),
-        TransportKind::Sqlite => dbs.push((&args.transport, Db::Sqlite)),
-        TransportKind::Amqp => {}
-    }
-    for (url, db) in dbs {
-        match db {
-            Db::Postgres { queue } => {
-                let mut c = sqlx::PgConnection::connect(url).await?;
-                if queue {
-                    sqlx::raw_sql("VACUUM ANALYZE jo_queue")
-                        .execute(&mut c)
-                        .await?;
-                }
-                if let Err(e) = sqlx::raw_sql("CHECKPOINT").execute(&mut c).await {
-                    tracing::warn!(%e, "CHECKPOINT refused: runs may pay for earlier runs' writes");
-                }
-                c.close().await?;
-            }
-            Db::Sqlite => {
-                let mut c = sqlx::SqliteConnection::connect(url).await?;
-                sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-                    .execute(&mut c)
-                    .await?;
-                c.close().await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
+pub(crate) type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
 
 /// Resolves only if the consumer stops on its own (an error): the drain cannot finish.
 async fn consumer_failed(consumer: &Running) -> anyhow::Result<()> {
@@ -731,122 +545,6 @@ async fn start<B: Bank>(
                 let _ = stop.wait_for(|s| *s).await;
             })
             .await?;
-        Ok(())
-    }))
-}
-
-/// The bare baseline on a SQL queue: receive (with the runtime's 5 ms linger), one
-/// transaction of plain sqlx per batch, commit, ack. No dedup, no savepoints, no
-/// classification of failures.
-async fn bare_source<B: Bank>(
-    source: Arc<dyn Source>,
-    bank: B,
-    tables: Tables,
-    batch: usize,
-    clock: Arc<Clock>,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    while !*stop.borrow() {
-        let mut ds = source.receive(batch, Duration::from_millis(100)).await?;
-        if ds.is_empty() {
-            continue;
-        }
-        if ds.len() < batch {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            ds.extend(source.receive(batch - ds.len(), Duration::ZERO).await?);
-        }
-        let mut tx = bank.begin_direct().await?;
-        for d in &ds {
-            let p: Payment = serde_json::from_slice(d.message.payload())?;
-            B::pay(&mut tx, &tables, &p).await?;
-        }
-        B::commit_direct(tx).await?;
-        clock.committed(ds.iter().filter_map(|d| d.message.id()).map(|i| i.as_str()));
-        let receipts: Vec<_> = ds.iter().map(|d| &d.receipt).collect();
-        source.ack(&receipts).await?;
-    }
-    Ok(())
-}
-
-/// The bare baseline on RabbitMQ: lapin and sqlx directly. One channel per batch loop,
-/// prefetch of two batches, one transaction per batch, then one `basic.ack` with
-/// `multiple` for the batch.
-async fn bare_amqp<B: Bank>(
-    args: &BenchRunArgs,
-    bank: &B,
-    tables: &Tables,
-    clock: Arc<Clock>,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<Running> {
-    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
-    use lapin::types::FieldTable;
-
-    let queue = AmqpOptions::new(args.name.as_str()).queue;
-    let conn = lapin::Connection::connect(&args.transport, lapin::ConnectionProperties::default())
-        .await
-        .context("connecting to RabbitMQ")?;
-    let conn = Arc::new(conn);
-    let mut tasks = Vec::new();
-    for _ in 0..args.concurrency {
-        let channel = conn.create_channel().await?;
-        let prefetch = u16::try_from(args.batch * 2).unwrap_or(u16::MAX);
-        channel
-            .basic_qos(prefetch, BasicQosOptions::default())
-            .await?;
-        let mut consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let (bank, tables, clock, mut stop) =
-            (bank.clone(), tables.clone(), clock.clone(), stop.clone());
-        let batch = args.batch;
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let first = tokio::select! {
-                    _ = stop.wait_for(|s| *s) => break,
-                    d = consumer.next() => d,
-                };
-                let Some(first) = first else { break };
-                let mut ds = vec![first?];
-                let linger = tokio::time::sleep(Duration::from_millis(5));
-                tokio::pin!(linger);
-                while ds.len() < batch {
-                    tokio::select! {
-                        _ = &mut linger => break,
-                        d = consumer.next() => match d {
-                            Some(d) => ds.push(d?),
-                            None => break,
-                        },
-                    }
-                }
-                let mut tx = bank.begin_direct().await?;
-                let mut ids = Vec::with_capacity(ds.len());
-                for d in &ds {
-                    let p: Payment = serde_json::from_slice(&d.data)?;
-                    ids.push(p.order_id.clone());
-                    B::pay(&mut tx, &tables, &p).await?;
-                }
-                B::commit_direct(tx).await?;
-                clock.committed(ids.iter().map(String::as_str));
-                if let Some(last) = ds.last() {
-                    channel
-                        .basic_ack(last.delivery_tag, BasicAckOptions { multiple: true })
-                        .await?;
-                }
-            }
-            let _ = channel.close(200, "bench done".into()).await;
-            anyhow::Ok(())
-        }));
-    }
-    Ok(tokio::spawn(async move {
-        for t in tasks {
-            t.await??;
-        }
-        let _ = conn.close(200, "bench done".into()).await;
         Ok(())
     }))
 }

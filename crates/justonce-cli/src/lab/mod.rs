@@ -9,9 +9,14 @@
 //! a few seconds (a deploy whose migration is missing), and duplicate publishes (the plan's,
 //! and every re-send after a failed publish).
 
+mod checker;
+mod faults;
 mod plot;
+pub(crate) mod protocol;
 mod proxy;
 mod run;
+mod schedule;
+mod supervisor;
 
 use std::path::PathBuf;
 

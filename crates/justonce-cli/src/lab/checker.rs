@@ -1,0 +1,169 @@
+//! The verdict of a scenario, from what its data says: lost and duplicated effects, the
+//! balances, redeliveries, the dead letters, the schema fault's pauses, the backlog. Pure:
+//! tested below as a table.
+
+use std::collections::HashSet;
+
+use justonce::DeadLetter;
+
+/// What the checker read after the drain.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Findings {
+    pub(crate) lost: u64,
+    pub(crate) duplicate_effects: u64,
+    /// The balances add up to the ledger.
+    pub(crate) consistent: bool,
+    pub(crate) redeliveries: u64,
+    /// Dead letters of well-formed orders, and their reasons.
+    pub(crate) good_dead: Vec<String>,
+    /// Messages still on the transport.
+    pub(crate) backlog: u64,
+    /// With the schema fault: renames, pauses the workers logged, workers that exited.
+    pub(crate) schema: Option<(u64, u64, u64)>,
+}
+
+/// The reasons of the dead letters whose id is not one of the `poison` orders.
+pub(crate) fn good_dead(letters: &[DeadLetter], poison: &HashSet<&str>) -> Vec<String> {
+    letters
+        .iter()
+        .filter(|d| {
+            d.message
+                .id()
+                .is_some_and(|id| !poison.contains(id.as_str()))
+        })
+        .map(|d| d.reason.error.clone())
+        .collect()
+}
+
+/// Why the scenario failed; empty when it passed.
+pub(crate) fn why(f: &Findings) -> Vec<String> {
+    let mut why = Vec::new();
+    let good_dead = f.good_dead.len();
+    if good_dead > 0 && f.lost == 0 {
+        why.push(format!(
+            "{good_dead} well-formed orders dead-lettered (and applied all the same)"
+        ));
+    }
+    if f.lost > 0 {
+        why.push(format!("{} orders lost", f.lost));
+        // Well-formed orders in the dead-letter queue are not silently lost: say why.
+        if good_dead > 0 {
+            let mut reasons = f.good_dead.clone();
+            reasons.sort();
+            reasons.dedup();
+            why.push(format!(
+                "{good_dead} of them dead-lettered: {}",
+                reasons.join(" / ")
+            ));
+        }
+    }
+    if f.duplicate_effects > 0 {
+        why.push(format!("{} duplicate effects", f.duplicate_effects));
+    }
+    if !f.consistent {
+        why.push("balances do not add up to the ledger".to_owned());
+    }
+    if f.redeliveries == 0 {
+        why.push("the faults caused no redelivery: the run proves nothing".to_owned());
+    }
+    if let Some((breaks, pauses, exits)) = f.schema {
+        if breaks == 0 {
+            why.push("the accounts table was never renamed away".to_owned());
+        } else if pauses == 0 {
+            why.push("no worker met the renamed table: the run proves nothing".to_owned());
+        }
+        if exits > 0 {
+            why.push(format!(
+                "{exits} workers exited instead of pausing until the table came back"
+            ));
+        }
+    }
+    if f.backlog > 0 {
+        why.push(format!("{} messages never drained", f.backlog));
+    }
+    why
+}
+
+#[cfg(test)]
+mod tests {
+    use justonce::{DeadLetterReason, Message};
+
+    use super::*;
+
+    fn passing() -> Findings {
+        Findings {
+            consistent: true,
+            redeliveries: 3,
+            ..Findings::default()
+        }
+    }
+
+    /// A change to a passing run, and what the verdict must then say.
+    type Case = (fn(&mut Findings), &'static str);
+
+    #[test]
+    fn a_clean_run_passes_and_each_finding_fails_it_with_its_sentence() {
+        assert!(why(&passing()).is_empty());
+        let cases: [Case; 10] = [
+            (|f| f.lost = 2, "2 orders lost"),
+            (|f| f.duplicate_effects = 1, "1 duplicate effects"),
+            (|f| f.consistent = false, "balances do not add up"),
+            (|f| f.redeliveries = 0, "the run proves nothing"),
+            (|f| f.backlog = 5, "5 messages never drained"),
+            (
+                |f| f.good_dead = vec!["conflict".into()],
+                "1 well-formed orders dead-lettered",
+            ),
+            (
+                |f| {
+                    f.lost = 1;
+                    f.good_dead = vec!["b".into(), "a".into(), "a".into()]
+                },
+                "3 of them dead-lettered: a / b",
+            ),
+            (|f| f.schema = Some((0, 0, 0)), "never renamed away"),
+            (
+                |f| f.schema = Some((1, 0, 0)),
+                "no worker met the renamed table",
+            ),
+            (|f| f.schema = Some((1, 4, 2)), "2 workers exited"),
+        ];
+        for (change, want) in cases {
+            let mut f = passing();
+            change(&mut f);
+            let said = why(&f).join("; ");
+            assert!(said.contains(want), "{said:?} should say {want:?}");
+        }
+        let mut f = passing();
+        f.schema = Some((1, 4, 0));
+        assert!(
+            why(&f).is_empty(),
+            "a schema run that paused and came back passes"
+        );
+    }
+
+    #[test]
+    fn only_well_formed_orders_count_as_wrongly_dead_lettered() {
+        let letter = |id: Option<&str>, error: &str| {
+            DeadLetter::new(
+                match id {
+                    Some(id) => Message::new("{}").with_id(id).unwrap(),
+                    None => Message::new("{}"),
+                },
+                DeadLetterReason {
+                    error: error.into(),
+                    attempts: 1,
+                    source_queue: "q".into(),
+                    consumer: "c".into(),
+                },
+            )
+        };
+        let letters = [
+            letter(Some("poison-1"), "bad json"),
+            letter(Some("ORD-1"), "conflict"),
+            letter(None, "no id"),
+        ];
+        let poison: HashSet<&str> = ["poison-1"].into_iter().collect();
+        assert_eq!(good_dead(&letters, &poison), ["conflict"]);
+    }
+}

@@ -1,0 +1,253 @@
+//! Firing a scenario's faults: kills at random moments, pauses, the proxies' cuts, delays
+//! and black holes, broker and database restarts, and the schema fault.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use justonce::backend::StoreKind;
+
+use super::proxy::{through, FaultProxy};
+use super::supervisor::{signal, Worker};
+use super::{FaultClass, FaultCounts};
+
+/// A proxy in front of `url`'s server, and the URL through it; none when the backend has
+/// no server (SQLite).
+pub(crate) async fn proxied(
+    url: &str,
+    networked: bool,
+) -> anyhow::Result<(Option<Arc<FaultProxy>>, String)> {
+    if !networked {
+        return Ok((None, url.to_owned()));
+    }
+    let probe: SocketAddr = "127.0.0.1:0".parse()?;
+    let (_, hostport) = through(url, probe).context("cannot find host:port in the URL")?;
+    let upstream = tokio::net::lookup_host(&hostport)
+        .await?
+        .next()
+        .with_context(|| format!("cannot resolve {hostport}"))?;
+    let proxy = Arc::new(FaultProxy::start(upstream).await?);
+    let (via, _) = through(url, proxy.addr()).context("cannot rewrite the URL")?;
+    Ok((Some(proxy), via))
+}
+
+impl FaultClass {
+    /// Does it at its milestone; returns its label for the plot. Faults with a duration (pause, delay, black
+    /// hole) end in a task of their own, counted in `busy` until they have.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn fire(
+        self,
+        workers: &mut [Worker],
+        proxies: &[Arc<FaultProxy>],
+        schema: &SchemaFault,
+        busy: &Arc<AtomicUsize>,
+        lease: Duration,
+        rng: &mut fastrand::Rng,
+        counts: &mut FaultCounts,
+    ) -> String {
+        let slot = rng.usize(..workers.len());
+        match self {
+            FaultClass::Kill => {
+                workers[slot].kill().await;
+                counts.kills += 1;
+                "kill (random moment)".into()
+            }
+            FaultClass::Pause => {
+                let span = (lease * 3).max(Duration::from_secs(2));
+                if let Some(pid) = workers[slot].pid() {
+                    signal(pid, "STOP");
+                    busy.fetch_add(1, Ordering::SeqCst);
+                    let busy = busy.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(span).await;
+                        signal(pid, "CONT");
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
+                    counts.pauses += 1;
+                }
+                format!("pause {:.1}s", span.as_secs_f64())
+            }
+            FaultClass::Cut => {
+                for p in proxies {
+                    p.cut_all();
+                }
+                counts.cuts += 1;
+                "cut".into()
+            }
+            FaultClass::Delay => {
+                timed(proxies, busy, Duration::from_secs(3), |p, on| {
+                    p.set_delay(if on {
+                        Duration::from_millis(100)
+                    } else {
+                        Duration::ZERO
+                    })
+                });
+                "delay 100ms x 3s".into()
+            }
+            FaultClass::Blackhole => {
+                let span = (lease * 3).max(Duration::from_secs(3));
+                timed(proxies, busy, span, |p, on| p.set_blackhole(on));
+                counts.cuts += 1;
+                format!("blackhole {:.1}s", span.as_secs_f64())
+            }
+            FaultClass::BrokerRestart => {
+                let stopped = rabbitmqctl("stop_app").await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let started = rabbitmqctl("start_app").await;
+                if stopped && started {
+                    counts.broker_restarts += 1;
+                }
+                "broker restart".into()
+            }
+            FaultClass::DbRestart => {
+                if pg_restart().await {
+                    counts.db_restarts += 1;
+                }
+                "db restart".into()
+            }
+            FaultClass::Schema => {
+                let span = Duration::from_secs(4);
+                match schema.rename(false).await {
+                    Ok(()) => {
+                        counts.schema_breaks += 1;
+                        busy.fetch_add(1, Ordering::SeqCst);
+                        let (busy, schema) = (busy.clone(), schema.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(span).await;
+                            // The table must come back, or nothing drains; a server that is
+                            // down for a while is waited for, but not for ever: a scenario
+                            // whose table never returns fails on its drain, and the matrix
+                            // goes on.
+                            for attempt in 1..=60 {
+                                match schema.rename(true).await {
+                                    Ok(()) => break,
+                                    Err(e) if attempt == 60 => {
+                                        eprintln!("lab: the accounts table could not be renamed back; giving up: {e:#}")
+                                    }
+                                    Err(e) => {
+                                        eprintln!(
+                                            "lab: the accounts table did not come back yet: {e:#}"
+                                        );
+                                        tokio::time::sleep(Duration::from_millis(500)).await;
+                                    }
+                                }
+                            }
+                            busy.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    Err(e) => eprintln!("lab: could not rename the accounts table: {e:#}"),
+                }
+                format!("schema {:.0}s", span.as_secs_f64())
+            }
+        }
+    }
+}
+
+/// The deploy mistake of the `schema` fault: the accounts table renamed away, then back,
+/// with a connection of the lab's own, straight to the store.
+#[derive(Debug, Clone)]
+pub(crate) struct SchemaFault {
+    pub(crate) url: String,
+    pub(crate) table: String,
+}
+
+impl SchemaFault {
+    /// Renames the table away (`back` false) or back.
+    async fn rename(&self, back: bool) -> anyhow::Result<()> {
+        use sqlx::Connection as _;
+        let away = format!("{}_away", self.table);
+        let (from, to) = if back {
+            (away.as_str(), self.table.as_str())
+        } else {
+            (self.table.as_str(), away.as_str())
+        };
+        match StoreKind::from_url(&self.url)? {
+            StoreKind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await?;
+                sqlx::query(&format!("ALTER TABLE {from} RENAME TO {to}"))
+                    .execute(&mut c)
+                    .await?;
+                c.close().await?;
+            }
+            StoreKind::MySql => {
+                let url = self.url.replacen("mariadb://", "mysql://", 1);
+                let mut c = sqlx::MySqlConnection::connect(&url).await?;
+                sqlx::query(&format!("RENAME TABLE {from} TO {to}"))
+                    .execute(&mut c)
+                    .await?;
+                c.close().await?;
+            }
+            StoreKind::Sqlite => {
+                anyhow::bail!("the schema fault needs a PostgreSQL or MariaDB store")
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Turns a proxy switch on for `span`, then off, in a task counted in `busy`.
+fn timed(
+    proxies: &[Arc<FaultProxy>],
+    busy: &Arc<AtomicUsize>,
+    span: Duration,
+    set: fn(&FaultProxy, bool),
+) {
+    for p in proxies {
+        set(p, true);
+    }
+    busy.fetch_add(1, Ordering::SeqCst);
+    let proxies = proxies.to_vec();
+    let busy = busy.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(span).await;
+        for p in &proxies {
+            set(p, false);
+        }
+        busy.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+async fn rabbitmqctl(action: &'static str) -> bool {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new("rabbitmqctl")
+            .arg(action)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Restarts the local PostgreSQL cluster; starts it if the restart failed midway.
+async fn pg_restart() -> bool {
+    tokio::task::spawn_blocking(|| {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .ok()
+            .and_then(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .max()
+            })
+            .unwrap_or_else(|| "15".into());
+        let run = |action: &str| {
+            std::process::Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", &version, "main", action])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ok = run("restart");
+        if !ok {
+            run("start");
+        }
+        ok
+    })
+    .await
+    .unwrap_or(false)
+}

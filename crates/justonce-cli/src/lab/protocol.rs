@@ -1,0 +1,141 @@
+//! What the lab and its worker processes say to each other, in one place: the environment
+//! variable that gives a worker its fault point, and the stderr lines the lab acts on.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use justonce::FaultPoint;
+
+/// The environment variable that makes a worker pause at a fault point:
+/// `POINT:MS[:BATCH]`, POINT one of `after-ack`, `before-commit`, `after-commit`.
+pub(crate) const FAULT_PAUSE_ENV: &str = "JUSTONCE_FAULT_PAUSE";
+
+/// A worker's line once it consumes; the lab starts its publisher after every worker's.
+pub(crate) const READY: &str = "justonce-worker ready";
+
+/// The start of a worker's line at its fault point (`justonce-fault-point POINT batch=N`).
+pub(crate) const AT_FAULT_POINT: &str = "justonce-fault-point";
+
+/// What [`FAULT_PAUSE_ENV`] says: pause `pause` at `point`, of every batch or of the
+/// `only`-th one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FaultPause {
+    pub(crate) point: FaultPoint,
+    pub(crate) pause: Duration,
+    pub(crate) only: Option<u64>,
+}
+
+impl FaultPause {
+    /// Reads `POINT:MS[:BATCH]`.
+    pub(crate) fn parse(spec: &str) -> anyhow::Result<Self> {
+        let mut parts = spec.split(':');
+        let (Some(point), Some(ms)) = (parts.next(), parts.next()) else {
+            anyhow::bail!("{FAULT_PAUSE_ENV} must be POINT:MS[:BATCH]");
+        };
+        let only = parts
+            .next()
+            .map(|b| b.parse::<u64>())
+            .transpose()
+            .with_context(|| format!("{FAULT_PAUSE_ENV}: BATCH must be a number"))?;
+        let point = point_named(point).with_context(|| {
+            format!("unknown fault point `{point}`: use after-ack, before-commit or after-commit")
+        })?;
+        let ms: u64 = ms
+            .parse()
+            .with_context(|| format!("{FAULT_PAUSE_ENV}: MS must be a number"))?;
+        Ok(FaultPause {
+            point,
+            pause: Duration::from_millis(ms),
+            only,
+        })
+    }
+
+    /// The value of [`FAULT_PAUSE_ENV`] that [`FaultPause::parse`] reads back.
+    pub(crate) fn to_env(self) -> String {
+        let mut s = format!("{}:{}", self.point.as_str(), self.pause.as_millis());
+        if let Some(n) = self.only {
+            s.push_str(&format!(":{n}"));
+        }
+        s
+    }
+}
+
+/// The fault point of that name.
+pub(crate) fn point_named(name: &str) -> Option<FaultPoint> {
+    [
+        FaultPoint::AfterAck,
+        FaultPoint::BeforeCommit,
+        FaultPoint::AfterCommit,
+    ]
+    .into_iter()
+    .find(|p| p.as_str() == name)
+}
+
+/// The line a worker prints at its fault point.
+pub(crate) fn at_fault_point(point: FaultPoint, batch: u64) -> String {
+    format!("{AT_FAULT_POINT} {} batch={batch}", point.as_str())
+}
+
+/// What a worker's stderr line tells the lab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Said {
+    /// It consumes.
+    Ready,
+    /// It waits at its fault point.
+    AtFaultPoint,
+    /// It handed a batch back for a schema error (a `kind=schema` log line).
+    SchemaPause,
+    /// Anything else.
+    Other,
+}
+
+/// Reads one stderr line of a worker.
+pub(crate) fn said(line: &str) -> Said {
+    if line.starts_with(AT_FAULT_POINT) {
+        Said::AtFaultPoint
+    } else if line.starts_with(READY) {
+        Said::Ready
+    } else if line.contains("kind=schema") {
+        Said::SchemaPause
+    } else {
+        Said::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_pause_reads_back_what_the_lab_writes() {
+        for spec in [
+            "after-commit:600000:3",
+            "before-commit:1000",
+            "after-ack:0:1",
+        ] {
+            assert_eq!(FaultPause::parse(spec).unwrap().to_env(), spec);
+        }
+        for bad in [
+            "after-commit",
+            "later:10",
+            "after-commit:soon",
+            "after-commit:10:x",
+        ] {
+            assert!(FaultPause::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_lab_reads_the_lines_the_worker_prints() {
+        assert_eq!(
+            said(&at_fault_point(FaultPoint::AfterCommit, 3)),
+            Said::AtFaultPoint
+        );
+        assert_eq!(said(READY), Said::Ready);
+        assert_eq!(
+            said("ERROR justonce: batch failed kind=schema error=relation missing"),
+            Said::SchemaPause
+        );
+        assert_eq!(said("INFO something else"), Said::Other);
+    }
+}

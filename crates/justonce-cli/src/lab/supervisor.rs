@@ -1,0 +1,219 @@
+//! The worker processes of a scenario: how one is started, read, killed and stopped.
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use justonce::Semantics;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::protocol::{point_named, said, FaultPause, Said, FAULT_PAUSE_ENV};
+
+/// Deliveries per worker batch: small, so that the workers' transactions, which pay into the
+/// same 100 accounts, deadlock each other less often.
+const BATCH: usize = 20;
+/// The workers' longest pause after failed batches. A pausing worker on RabbitMQ still holds
+/// the deliveries it prefetched, so the drain waits longer than this before it calls the
+/// pipeline quiet.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Waits until every worker has said it is consuming; fault-point marks that arrive
+/// meanwhile are dropped (their workers are gone or will be replaced).
+pub(crate) async fn wait_ready(
+    marks: &mut mpsc::UnboundedReceiver<Mark>,
+    workers: &[Worker],
+) -> anyhow::Result<()> {
+    let mut ready = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready < workers.len() {
+        match tokio::time::timeout_at(deadline.into(), marks.recv()).await {
+            Ok(Some(Mark::Ready)) => ready += 1,
+            Ok(Some(Mark::FaultPoint(..))) => {}
+            _ => {
+                let tails = tails(workers);
+                bail!(
+                    "the workers did not start within 60 s:\n{}",
+                    tails.join("\n")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How to start a worker.
+pub(crate) struct WorkerSpec {
+    pub(crate) exe: std::path::PathBuf,
+    pub(crate) transport: String,
+    pub(crate) store: String,
+    pub(crate) queue: String,
+    pub(crate) consumer: String,
+    pub(crate) tables: String,
+    pub(crate) semantics: Semantics,
+    pub(crate) lease: Duration,
+    /// The RabbitMQ topology flags.
+    pub(crate) topology: Vec<String>,
+    /// Batches handed back for a schema error, as the workers logged them.
+    pub(crate) schema_pauses: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl WorkerSpec {
+    /// Starts a worker in `slot`; with `kill`, it stops at that point of its n-th batch and
+    /// says so on stderr, where a reader task passes it on as `(slot, generation)`.
+    pub(crate) fn spawn(
+        &self,
+        slot: usize,
+        generation: u64,
+        kill: Option<(&'static str, u32)>,
+        marks: mpsc::UnboundedSender<Mark>,
+    ) -> anyhow::Result<Worker> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args([
+            "worker",
+            "--transport",
+            &self.transport,
+            "--store",
+            &self.store,
+        ])
+        .args([
+            "--queue",
+            &self.queue,
+            "--consumer",
+            &self.consumer,
+            "--tables",
+            &self.tables,
+        ])
+        .args([
+            "--semantics",
+            self.semantics.as_str(),
+            "--batch-size",
+            &BATCH.to_string(),
+        ])
+        .args([
+            "--lease-ms",
+            &self.lease.as_millis().to_string(),
+            "--audit",
+            "--no-setup",
+        ])
+        .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
+        .args(&self.topology)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+        match kill {
+            Some((point, n)) => {
+                let pause = FaultPause {
+                    point: point_named(point).with_context(|| format!("no fault point {point}"))?,
+                    pause: Duration::from_secs(600),
+                    only: Some(u64::from(n)),
+                };
+                cmd.env(FAULT_PAUSE_ENV, pause.to_env())
+            }
+            None => cmd.env_remove(FAULT_PAUSE_ENV),
+        };
+        let mut child = cmd.spawn().context("cannot start a worker process")?;
+        let stderr = child.stderr.take().context("worker stderr")?;
+        let tail = Arc::new(Mutex::new(Vec::<String>::new()));
+        let tail2 = tail.clone();
+        let schema_pauses = self.schema_pauses.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match said(&line) {
+                    Said::SchemaPause => {
+                        schema_pauses.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Said::AtFaultPoint => {
+                        let _ = marks.send(Mark::FaultPoint(slot, generation));
+                    }
+                    Said::Ready => {
+                        let _ = marks.send(Mark::Ready);
+                    }
+                    Said::Other => {}
+                }
+                let mut t = tail2.lock().unwrap_or_else(|e| e.into_inner());
+                t.push(line);
+                let n = t.len();
+                if n > 20 {
+                    t.drain(..n - 20);
+                }
+            }
+        });
+        Ok(Worker {
+            child,
+            generation,
+            kill_point: kill.map(|(p, _)| p),
+            tail,
+        })
+    }
+}
+
+/// The last stderr lines of each worker, for an error message.
+pub(crate) fn tails(workers: &[Worker]) -> Vec<String> {
+    workers.iter().map(Worker::tail).collect()
+}
+
+/// What a worker says on stderr that the lab acts on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mark {
+    /// It is consuming.
+    Ready,
+    /// It stopped at its fault point: kill it now. `(slot, generation)`.
+    FaultPoint(usize, u64),
+}
+
+/// A running worker process.
+pub(crate) struct Worker {
+    pub(crate) child: Child,
+    pub(crate) generation: u64,
+    pub(crate) kill_point: Option<&'static str>,
+    tail: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    /// The last lines the worker wrote on stderr.
+    fn tail(&self) -> String {
+        let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        format!(
+            "  [{}]\n    {}",
+            self.pid().map_or("exited".into(), |p| p.to_string()),
+            t.join("\n    ")
+        )
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGKILL, and wait for it.
+    pub(crate) async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// SIGTERM: finish the batch in flight, commit, ack, exit; SIGKILL after 15 s.
+    pub(crate) async fn terminate(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, "TERM");
+        }
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Sends a signal with kill(1) (the workspace forbids `unsafe`, so no libc::kill).
+pub(crate) fn signal(pid: u32, name: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
