@@ -43,57 +43,20 @@ impl AmqpPublisher {
 
     /// The messages in the dead-letter queue, taken off it (acked): for tests and tools.
     pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
-        let Some(q) = self.options().dead_letter_queue() else {
-            let (exchange, key) = self.options().dead_letter_target();
-            return Err(Error::config(format!(
-                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
-                 a queue of justonce's: read them where that exchange routes them"
-            )));
-        };
         let channel = self.channel().await?;
-        let mut out = Vec::new();
-        loop {
-            let got = channel
-                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
-                .await
-                .map_err(|e| amqp("reading the dead-letter queue", e))?;
-            let Some(got) = got else { break };
-            out.push(codec::message(&got.delivery.properties, &got.delivery.data));
-            channel
-                .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
-                .await
-                .map_err(|e| amqp("acking a dead letter", e))?;
-        }
-        Ok(out)
+        let got = fetch_dead_letters(self, &channel, true).await?;
+        Ok(got.into_iter().map(|d| d.message).collect())
     }
 
     /// The messages in the dead-letter queue, left there: each is fetched unacked on a
     /// channel of its own, which is then closed, so the broker puts them all back.
     pub async fn read_dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        let Some(q) = self.options().dead_letter_queue() else {
-            let (exchange, key) = self.options().dead_letter_target();
-            return Err(Error::config(format!(
-                "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
-                 a queue of justonce's: read them where that exchange routes them"
-            )));
-        };
         let channel = self.fresh_channel().await?;
-        let mut out = Vec::new();
-        loop {
-            let got = channel
-                .basic_get(q.into(), lapin::options::BasicGetOptions::default())
-                .await
-                .map_err(|e| amqp("reading the dead-letter queue", e))?;
-            let Some(got) = got else { break };
-            out.push(codec::dead_letter(codec::message(
-                &got.delivery.properties,
-                &got.delivery.data,
-            )));
-        }
+        let got = fetch_dead_letters(self, &channel, false).await;
         let _ = channel
             .close(200, "justonce: dead letters read".into())
             .await;
-        Ok(out)
+        got
     }
 
     /// Deletes every queue and exchange of the topology: for tests and the demo.
@@ -191,4 +154,37 @@ impl Inspect for AmqpSource {
     async fn cleanup(&self) -> Result<()> {
         self.delete_topology().await
     }
+}
+
+/// Every message of the dead-letter queue, fetched on `channel` and acked when `take`. A
+/// topology whose dead letters go to an exchange of the user's has no queue to read.
+async fn fetch_dead_letters(
+    p: &AmqpPublisher,
+    channel: &lapin::Channel,
+    take: bool,
+) -> Result<Vec<DeadLetter>> {
+    let Some(q) = p.options().dead_letter_queue() else {
+        let (exchange, key) = p.options().dead_letter_target();
+        return Err(Error::config(format!(
+            "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
+             a queue of justonce's: read them where that exchange routes them"
+        )));
+    };
+    let mut out = Vec::new();
+    loop {
+        let got = channel
+            .basic_get(q.into(), lapin::options::BasicGetOptions::default())
+            .await
+            .map_err(|e| amqp("reading the dead-letter queue", e))?;
+        let Some(got) = got else { break };
+        let d = &got.delivery;
+        out.push(codec::dead_letter(codec::message(&d.properties, &d.data)));
+        if take {
+            channel
+                .basic_ack(d.delivery_tag, BasicAckOptions::default())
+                .await
+                .map_err(|e| amqp("acking a dead letter", e))?;
+        }
+    }
+    Ok(out)
 }
