@@ -163,10 +163,7 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
 
 /// Pauses at one fault point of every batch (or of one batch), announcing it on stderr.
 struct PauseHook {
-    point: FaultPoint,
-    pause: Duration,
-    /// Only the n-th batch to reach the point pauses.
-    only: Option<u64>,
+    at: protocol::FaultPause,
     reached: std::sync::atomic::AtomicU64,
 }
 
@@ -175,11 +172,8 @@ impl PauseHook {
         let Ok(spec) = std::env::var(protocol::FAULT_PAUSE_ENV) else {
             return Ok(None);
         };
-        let p = protocol::FaultPause::parse(&spec)?;
         Ok(Some(PauseHook {
-            point: p.point,
-            pause: p.pause,
-            only: p.only,
+            at: protocol::FaultPause::parse(&spec)?,
             reached: Default::default(),
         }))
     }
@@ -188,12 +182,12 @@ impl PauseHook {
 #[async_trait]
 impl FaultHook for PauseHook {
     async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
-        if point == self.point && !batch.is_empty() {
+        if point == self.at.point && !batch.is_empty() {
             let n = self
                 .reached
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 + 1;
-            if self.only.is_some_and(|only| only != n) {
+            if self.at.only.is_some_and(|only| only != n) {
                 return false;
             }
             {
@@ -205,7 +199,7 @@ impl FaultHook for PauseHook {
                 );
                 let _ = err.flush();
             }
-            tokio::time::sleep(self.pause).await;
+            tokio::time::sleep(self.at.pause).await;
         }
         false
     }

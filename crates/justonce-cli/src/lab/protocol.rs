@@ -61,7 +61,7 @@ impl FaultPause {
 }
 
 /// The fault point of that name.
-pub(crate) fn point_named(name: &str) -> Option<FaultPoint> {
+fn point_named(name: &str) -> Option<FaultPoint> {
     [
         FaultPoint::AfterAck,
         FaultPoint::BeforeCommit,

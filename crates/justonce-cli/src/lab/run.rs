@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::Semantics;
+use justonce::{FaultPoint, Semantics};
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
@@ -261,7 +261,7 @@ impl Scenario {
                 }
                 workers[slot].kill().await;
                 counts.kills += 1;
-                let at = workers[slot].kill_point.unwrap_or("?");
+                let at = workers[slot].kill_point.map_or("?", FaultPoint::as_str);
                 samples.mark(started.elapsed(), format!("kill {at}"));
                 last_fault = Instant::now();
                 generation += 1;

@@ -2,7 +2,7 @@
 //! which at a random moment, and at which share of the orders delivered every other fault
 //! fires. Pure: the same seed makes the same plan.
 
-use justonce::Semantics;
+use justonce::{FaultPoint, Semantics};
 
 use super::FaultClass;
 
@@ -10,7 +10,7 @@ use super::FaultClass;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KillAt {
     /// At a fault point of the runtime, announced by the worker.
-    Point(&'static str),
+    Point(FaultPoint),
     /// Whenever the schedule says, wherever the worker is.
     Random,
 }
@@ -19,10 +19,11 @@ pub(crate) enum KillAt {
 /// ack, before the commit; after the early ack for at-most-once), every fourth at a random
 /// moment instead.
 pub(crate) fn kills(n: u32, semantics: Semantics) -> Vec<KillAt> {
-    let points: &[&'static str] = if semantics == Semantics::AtMostOnce {
-        &["after-ack", "before-commit", "after-ack"]
+    use FaultPoint::{AfterAck, AfterCommit, BeforeCommit};
+    let points = if semantics == Semantics::AtMostOnce {
+        [AfterAck, BeforeCommit, AfterAck]
     } else {
-        &["after-commit", "before-commit", "after-commit"]
+        [AfterCommit, BeforeCommit, AfterCommit]
     };
     (0..n as usize)
         .map(|i| {
@@ -36,7 +37,7 @@ pub(crate) fn kills(n: u32, semantics: Semantics) -> Vec<KillAt> {
 }
 
 /// The fault points of `kills`, in order: the workers carry them one after the other.
-pub(crate) fn points(kills: &[KillAt]) -> Vec<&'static str> {
+pub(crate) fn points(kills: &[KillAt]) -> Vec<FaultPoint> {
     kills
         .iter()
         .filter_map(|k| match k {
@@ -77,20 +78,21 @@ mod tests {
 
     #[test]
     fn kills_take_the_fault_points_in_turn_and_every_fourth_is_random() {
+        use FaultPoint::{AfterAck, AfterCommit, BeforeCommit};
         use KillAt::{Point, Random};
         assert_eq!(
             kills(5, Semantics::EffectivelyOnce),
             [
-                Point("after-commit"),
-                Point("before-commit"),
-                Point("after-commit"),
+                Point(AfterCommit),
+                Point(BeforeCommit),
+                Point(AfterCommit),
                 Random,
-                Point("before-commit")
+                Point(BeforeCommit)
             ]
         );
         assert_eq!(
             kills(2, Semantics::AtMostOnce),
-            [Point("after-ack"), Point("before-commit")]
+            [Point(AfterAck), Point(BeforeCommit)]
         );
         assert_eq!(points(&kills(4, Semantics::AtLeastOnce)).len(), 3);
     }

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use justonce::Semantics;
+use justonce::{FaultPoint, Semantics};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use super::protocol::{point_named, said, FaultPause, Said, FAULT_PAUSE_ENV};
+use super::protocol::{said, FaultPause, Said, FAULT_PAUSE_ENV};
 
 /// Deliveries per worker batch: small, so that the workers' transactions, which pay into the
 /// same 100 accounts, deadlock each other less often.
@@ -68,7 +68,7 @@ impl WorkerSpec {
         &self,
         slot: usize,
         generation: u64,
-        kill: Option<(&'static str, u32)>,
+        kill: Option<(FaultPoint, u32)>,
         marks: mpsc::UnboundedSender<Mark>,
     ) -> anyhow::Result<Worker> {
         let mut cmd = Command::new(&self.exe);
@@ -107,7 +107,7 @@ impl WorkerSpec {
         match kill {
             Some((point, n)) => {
                 let pause = FaultPause {
-                    point: point_named(point).with_context(|| format!("no fault point {point}"))?,
+                    point,
                     pause: Duration::from_secs(600),
                     only: Some(u64::from(n)),
                 };
@@ -170,7 +170,7 @@ pub(crate) enum Mark {
 pub(crate) struct Worker {
     pub(crate) child: Child,
     pub(crate) generation: u64,
-    pub(crate) kill_point: Option<&'static str>,
+    pub(crate) kill_point: Option<FaultPoint>,
     tail: Arc<Mutex<Vec<String>>>,
 }
 
