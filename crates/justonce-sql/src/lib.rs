@@ -27,11 +27,13 @@
 //!
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
-mod claim_logic;
-mod common;
+mod claims;
+mod conn;
+mod dedup;
 mod guard;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;

@@ -1,7 +1,7 @@
 //! The business database of each SQL dialect: its tables, the payment, the guards, the
 //! counts the checker and the bench read. One trait, [`Bank`], and one macro that writes it
-//! for SQLite, PostgreSQL and MariaDB from their differences (placeholders, serial keys,
-//! insert-or-skip).
+//! for SQLite, PostgreSQL and MariaDB from their differences (serial keys, insert-or-skip;
+//! sqlx's `QueryBuilder` writes the placeholders).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,12 +84,13 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn close(&self);
 }
 
-/// Implements [`Bank`] for one database. `ph` makes the n-th placeholder; `serial` is an
+/// Implements [`Bank`] for one database. `db` is its sqlx database, whose `QueryBuilder`
+/// writes the placeholders; `serial` is an
 /// auto-numbered primary key column; `ignore` is `(prefix, suffix)` of an insert that skips
 /// rows whose key exists.
 macro_rules! bank {
     (
-        $store:ty, $opts:ty, $tx:ty, state: $state:ty, version: $version:ty, ph: $ph:expr,
+        $store:ty, $opts:ty, $tx:ty, state: $state:ty, version: $version:ty, db: $db:ty,
         serial: $serial:literal, ignore: ($ins:literal, $conflict:literal),
         kind: $kind:expr,
         claims: |$self_:ident, $url:ident, $table:ident| $claims:expr,
@@ -109,7 +110,6 @@ macro_rules! bank {
             }
 
             async fn setup(&self, t: &Tables, orders: &[&str]) -> Result<()> {
-                let ph: fn(usize) -> String = $ph;
                 let pool = self.pool();
                 for ddl in [
                     format!("CREATE TABLE IF NOT EXISTS {} (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)", t.accounts),
@@ -142,17 +142,15 @@ macro_rules! bank {
                     sqlx::query(&sql).execute(pool).await?;
                 }
                 for chunk in orders.chunks(500) {
-                    let rows: Vec<String> =
-                        (1..=chunk.len()).map(|i| format!("({}, 'PENDING', 0)", ph(i))).collect();
-                    let sql = format!(
-                        "{} {} (order_id, status, version) VALUES {} {}",
-                        $ins, t.orders, rows.join(", "), $conflict
-                    );
-                    let mut q = sqlx::query(&sql);
-                    for id in chunk {
-                        q = q.bind(*id);
-                    }
-                    q.execute(pool).await?;
+                    let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                        "{} {} (order_id, status, version) ",
+                        $ins, t.orders
+                    ));
+                    q.push_values(chunk, |mut row, id| {
+                        row.push_bind(*id).push("'PENDING'").push("0");
+                    });
+                    q.push(concat!(" ", $conflict));
+                    q.build().execute(pool).await?;
                 }
                 Ok(())
             }
@@ -203,11 +201,12 @@ macro_rules! bank {
             }
 
             async fn record_order(tx: &mut $tx, t: &Tables, order_id: &str) -> Result<()> {
-                let ph: fn(usize) -> String = $ph;
-                sqlx::query(&format!("INSERT INTO {} (order_id) VALUES ({})", t.order_ids, ph(1)))
-                    .bind(order_id)
-                    .execute(&mut **tx)
-                    .await?;
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "INSERT INTO {} (order_id) VALUES (",
+                    t.order_ids
+                ));
+                q.push_bind(order_id).push(")");
+                q.build().execute(&mut **tx).await?;
                 Ok(())
             }
 
@@ -220,21 +219,15 @@ macro_rules! bank {
             }
 
             async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()> {
-                let ph: fn(usize) -> String = $ph;
                 for chunk in rows.chunks(500) {
-                    let marks: Vec<String> = (0..chunk.len())
-                        .map(|i| format!("({}, {})", ph(2 * i + 1), ph(2 * i + 2)))
-                        .collect();
-                    let sql = format!(
-                        "INSERT INTO {} (message_id, redelivered) VALUES {}",
-                        t.deliveries,
-                        marks.join(", ")
-                    );
-                    let mut q = sqlx::query(&sql);
-                    for (id, redelivered) in chunk {
-                        q = q.bind(id.as_deref()).bind(i64::from(*redelivered));
-                    }
-                    q.execute(self.pool()).await?;
+                    let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                        "INSERT INTO {} (message_id, redelivered) ",
+                        t.deliveries
+                    ));
+                    q.push_values(chunk, |mut row, (id, redelivered)| {
+                        row.push_bind(id.as_deref()).push_bind(i64::from(*redelivered));
+                    });
+                    q.build().execute(self.pool()).await?;
                 }
                 Ok(())
             }
@@ -277,51 +270,37 @@ macro_rules! bank {
             }
 
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {
-                let ph: fn(usize) -> String = $ph;
-                let updated = sqlx::query(&format!(
-                    "UPDATE {} SET balance = balance + {} WHERE id = {}",
-                    t.accounts, ph(1), ph(2)
-                ))
-                .bind(p.amount)
-                .bind(p.account)
-                .execute(&mut **tx)
-                .await?
-                .rows_affected();
-                if updated == 0 {
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "UPDATE {} SET balance = balance + ",
+                    t.accounts
+                ));
+                q.push_bind(p.amount).push(" WHERE id = ").push_bind(p.account);
+                if q.build().execute(&mut **tx).await?.rows_affected() == 0 {
                     return Ok(false);
                 }
-                sqlx::query(&format!(
-                    "INSERT INTO {} (order_id, account, amount) VALUES ({}, {}, {})",
-                    t.ledger, ph(1), ph(2), ph(3)
-                ))
-                .bind(&p.order_id)
-                .bind(p.account)
-                .bind(p.amount)
-                .execute(&mut **tx)
-                .await?;
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "INSERT INTO {} (order_id, account, amount) ",
+                    t.ledger
+                ));
+                q.push_values([p], |mut row, p| {
+                    row.push_bind(&p.order_id).push_bind(p.account).push_bind(p.amount);
+                });
+                q.build().execute(&mut **tx).await?;
                 Ok(true)
             }
         }
     };
 }
 
-fn question(_: usize) -> String {
-    "?".into()
-}
-
-fn dollar(n: usize) -> String {
-    format!("${n}")
-}
-
 bank!(
-    SqliteStore, SqliteStoreOptions, SqliteTx, state: SqliteStateGuard, version: SqliteVersionGuard, ph: question,
+    SqliteStore, SqliteStoreOptions, SqliteTx, state: SqliteStateGuard, version: SqliteVersionGuard, db: sqlx::Sqlite,
     serial: "INTEGER PRIMARY KEY AUTOINCREMENT", ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
     kind: StoreKind::Sqlite,
     claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
 );
 bank!(
-    PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, ph: dollar,
+    PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, db: sqlx::Postgres,
     serial: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
     kind: StoreKind::Postgres,
@@ -329,7 +308,7 @@ bank!(
     begin: |pool| pool.begin(),
 );
 bank!(
-    MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, ph: question,
+    MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, db: sqlx::MySql,
     serial: "BIGINT AUTO_INCREMENT PRIMARY KEY", ignore: ("INSERT IGNORE INTO", ""),
     kind: StoreKind::MySql,
     claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,

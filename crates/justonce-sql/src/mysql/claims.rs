@@ -1,10 +1,10 @@
 use std::sync::Arc;
 
 use justonce_core::{validate_identifier, Result};
-use sqlx::{MySqlConnection, MySqlPool};
+use sqlx::MySqlPool;
 
 use super::connect;
-use crate::common::{impl_claim_store, ClaimSql};
+use crate::claims::{impl_claim_store, ClaimBackend, ClaimSql};
 
 /// Claims with leases on MariaDB (or MySQL), InnoDB, for effects no transaction covers.
 /// Leases run on the database's `NOW(6)`. A batch of claims is one transaction.
@@ -83,4 +83,16 @@ impl MySqlClaimStore {
     }
 }
 
-impl_claim_store!(MySqlClaimStore, MySqlConnection, begin: begin());
+impl ClaimBackend for MySqlClaimStore {
+    type Db = sqlx::MySql;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &ClaimSql {
+        &self.sql
+    }
+}
+
+impl_claim_store!(MySqlClaimStore);

@@ -4,7 +4,7 @@ use justonce_core::{validate_identifier, Result};
 use sqlx::{MySql, MySqlPool};
 
 use super::connect;
-use crate::common::{impl_dedup_store, DedupSql};
+use crate::dedup::{impl_dedup_store, DedupBackend, DedupSql};
 
 /// The transaction a handler on a [`MySqlStore`] receives: write through `&mut **tx`.
 pub type MySqlTx = sqlx::Transaction<'static, MySql>;
@@ -19,7 +19,7 @@ pub struct MySqlStoreOptions {
     pub max_connections: u32,
 }
 
-crate::common::setters!(MySqlStoreOptions { max_connections: u32 } into { dedup_table });
+crate::options::setters!(MySqlStoreOptions { max_connections: u32 } into { dedup_table });
 
 impl Default for MySqlStoreOptions {
     fn default() -> Self {
@@ -101,4 +101,17 @@ impl MySqlStore {
     }
 }
 
-impl_dedup_store!(MySqlStore, MySqlTx, "mysql", begin: begin());
+impl DedupBackend for MySqlStore {
+    type Db = MySql;
+    const NAME: &'static str = "mysql";
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &DedupSql {
+        &self.sql
+    }
+}
+
+impl_dedup_store!(MySqlStore, MySqlTx);

@@ -1,10 +1,10 @@
 use std::sync::Arc;
 
 use justonce_core::{validate_identifier, Result};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use super::{connect, create, MS};
-use crate::common::{impl_claim_store, ClaimSql};
+use crate::claims::{impl_claim_store, ClaimBackend, ClaimSql};
 
 /// Claims with leases on PostgreSQL, for effects no transaction covers. Leases run on the
 /// database's `clock_timestamp()`. A batch of claims is one transaction.
@@ -87,4 +87,16 @@ impl PgClaimStore {
     }
 }
 
-impl_claim_store!(PgClaimStore, PgConnection, begin: begin());
+impl ClaimBackend for PgClaimStore {
+    type Db = sqlx::Postgres;
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &ClaimSql {
+        &self.sql
+    }
+}
+
+impl_claim_store!(PgClaimStore);

@@ -68,7 +68,7 @@ pub struct PgQueueOptions {
     pub max_connections: u32,
 }
 
-crate::common::setters!(PgQueueOptions {
+crate::options::setters!(PgQueueOptions {
     lease: std::time::Duration,
     poll_interval: std::time::Duration,
     max_connections: u32

@@ -1,10 +1,10 @@
 use std::sync::Arc;
 
 use justonce_core::Result;
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::{connect, NOW_MS};
-use crate::common::{impl_claim_store, ClaimSql};
+use crate::claims::{impl_claim_store, ClaimBackend, ClaimSql};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_claims (
@@ -84,4 +84,17 @@ impl SqliteClaimStore {
     }
 }
 
-impl_claim_store!(SqliteClaimStore, SqliteConnection, begin: begin_with("BEGIN IMMEDIATE"));
+impl ClaimBackend for SqliteClaimStore {
+    type Db = sqlx::Sqlite;
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &ClaimSql {
+        &self.sql
+    }
+}
+
+impl_claim_store!(SqliteClaimStore);

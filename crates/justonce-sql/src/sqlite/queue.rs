@@ -61,7 +61,7 @@ pub struct SqliteQueueOptions {
     pub max_connections: u32,
 }
 
-crate::common::setters!(SqliteQueueOptions {
+crate::options::setters!(SqliteQueueOptions {
     lease: std::time::Duration,
     poll_interval: std::time::Duration,
     durable: bool,

@@ -6,7 +6,9 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::Mutex;
 
 use super::{connect, NOW_MS};
-use crate::common::{claimed_on_begin, impl_dedup_store, DedupSql, ManyOrder, ManySql};
+use crate::dedup::{
+    claimed_on_begin, impl_dedup_store, DedupBackend, DedupSql, ManyOrder, ManySql,
+};
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -38,7 +40,7 @@ pub struct SqliteStoreOptions {
     pub max_connections: u32,
 }
 
-crate::common::setters!(SqliteStoreOptions { max_connections: u32 } into { dedup_table });
+crate::options::setters!(SqliteStoreOptions { max_connections: u32 } into { dedup_table });
 
 impl Default for SqliteStoreOptions {
     fn default() -> Self {
@@ -265,11 +267,6 @@ impl SqliteStore {
         claimed_on_begin(self.pool.begin_with(sql).await)
     }
 
-    /// `begin_with_claim` takes single keys only: a batch is hashed while its `BEGIN` waits.
-    fn claims_batches_with_begin(&self) -> bool {
-        false
-    }
-
     /// The pool: create your business tables and read results through it.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -282,7 +279,36 @@ fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-impl_dedup_store!(
-    SqliteStore, SqliteTx, "sqlite", begin: begin_with("BEGIN IMMEDIATE"), purge: sweep,
-    begin_claimed: begin_with_claim
-);
+#[async_trait::async_trait]
+impl DedupBackend for SqliteStore {
+    type Db = Sqlite;
+    const NAME: &'static str = "sqlite";
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    fn sql(&self) -> &DedupSql {
+        &self.sql
+    }
+
+    /// `begin_with_claim` takes single keys only: a batch is hashed while its `BEGIN` waits.
+    fn claims_with_begin(&self, n: usize) -> bool {
+        n == 1
+    }
+
+    async fn begin_claimed(
+        &self,
+        consumer: &str,
+        keys: &[(&MessageId, Fingerprint)],
+    ) -> Result<Option<(SqliteTx, Vec<Claim>)>> {
+        self.begin_with_claim(consumer, keys).await
+    }
+
+    async fn purge_own(&self, retention: Duration, batch: u32) -> Result<Option<u64>> {
+        self.sweep(retention, batch).await
+    }
+}
+
+impl_dedup_store!(SqliteStore, SqliteTx);

@@ -1,0 +1,163 @@
+//! The one place the SQL stores' algorithms meet sqlx: a statement and its parameters, run
+//! on a connection of any of the three databases. The dedup store, the claim store and
+//! their purges are plain functions over [`Conn`] (`dedup.rs`, `claims.rs`); each backend
+//! gives them only its SQL text.
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+
+/// A bound parameter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Int(i64),
+    Blob(Option<&'a [u8]>),
+}
+
+/// A claim row as an acquire reads it: columns `fingerprint, state, token, result,
+/// remaining` (milliseconds left on the lease by the database clock, `NULL` when none).
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    pub(crate) fingerprint: String,
+    pub(crate) state: String,
+    pub(crate) token: i64,
+    pub(crate) remaining_ms: Option<i64>,
+    pub(crate) result: Option<Vec<u8>>,
+}
+
+/// What the stores run on a connection. Implemented once, for every sqlx connection whose
+/// database binds and decodes the types of [`Arg`] (SQLite, PostgreSQL, MariaDB).
+#[async_trait]
+pub(crate) trait Conn: Send {
+    /// Runs `sql`; the rows it changed.
+    async fn execute<'q>(&mut self, sql: &'q str, args: &[Arg<'q>]) -> Result<u64, sqlx::Error>;
+    /// The first column of the first row, as text; `None` without a row.
+    async fn text<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Option<String>, sqlx::Error>;
+    /// The first column of the first row, as an integer; `None` without a row.
+    async fn int<'q>(&mut self, sql: &'q str, args: &[Arg<'q>])
+        -> Result<Option<i64>, sqlx::Error>;
+    /// The first two columns of every row, as text.
+    async fn text_pairs<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<(String, String)>, sqlx::Error>;
+    /// The first row as a [`ClaimRow`].
+    async fn claim_row<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<ClaimRow, sqlx::Error>;
+}
+
+/// The rows a statement changed (sqlx has no trait for it).
+pub(crate) trait Affected {
+    fn rows(&self) -> u64;
+}
+
+impl Affected for sqlx::sqlite::SqliteQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Affected for sqlx::postgres::PgQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Affected for sqlx::mysql::MySqlQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// `sql` with `args` bound in order.
+fn query<'q, DB>(sql: &'q str, args: &[Arg<'q>]) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+    Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+{
+    let mut q = sqlx::query(sql);
+    for arg in args {
+        q = match *arg {
+            Arg::Text(s) => q.bind(s),
+            Arg::Int(n) => q.bind(n),
+            Arg::Blob(b) => q.bind(b),
+        };
+    }
+    q
+}
+
+#[async_trait]
+impl<C> Conn for C
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'q> <C::Database as Database>::Arguments<'q>: IntoArguments<'q, C::Database>,
+    for<'q> &'q str: Encode<'q, C::Database> + Type<C::Database>,
+    for<'q> Option<&'q [u8]>: Encode<'q, C::Database> + Type<C::Database>,
+    for<'q> i64: Encode<'q, C::Database> + Decode<'q, C::Database> + Type<C::Database>,
+    for<'r> String: Decode<'r, C::Database> + Type<C::Database>,
+    for<'r> Vec<u8>: Decode<'r, C::Database> + Type<C::Database>,
+    usize: ColumnIndex<<C::Database as Database>::Row>,
+    <C::Database as Database>::QueryResult: Affected,
+{
+    async fn execute<'q>(&mut self, sql: &'q str, args: &[Arg<'q>]) -> Result<u64, sqlx::Error> {
+        let done = Executor::execute(self, query::<C::Database>(sql, args)).await?;
+        Ok(done.rows())
+    }
+
+    async fn text<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Option<String>, sqlx::Error> {
+        let row = self.fetch_optional(query::<C::Database>(sql, args)).await?;
+        row.map(|r| r.try_get(0)).transpose()
+    }
+
+    async fn int<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let row = self.fetch_optional(query::<C::Database>(sql, args)).await?;
+        row.map(|r| r.try_get(0)).transpose()
+    }
+
+    async fn text_pairs<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<(String, String)>, sqlx::Error> {
+        let rows = self.fetch_all(query::<C::Database>(sql, args)).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    async fn claim_row<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<ClaimRow, sqlx::Error> {
+        let r = self.fetch_one(query::<C::Database>(sql, args)).await?;
+        Ok(ClaimRow {
+            fingerprint: r.try_get(0)?,
+            state: r.try_get(1)?,
+            token: r.try_get(2)?,
+            result: r.try_get(3)?,
+            remaining_ms: r.try_get(4)?,
+        })
+    }
+}
