@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use lapin::options::{BasicAckOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 
-use justonce_core::{DeadLetter, Error, Inspect, Message, Result};
+use justonce_core::{
+    no_such_dead_letter, DeadLetter, DeadLetterEntry, Error, Inspect, Message, Replay, Result,
+};
 
 use crate::error::amqp;
 use crate::{codec, AmqpPublisher, AmqpSource};
@@ -45,18 +47,115 @@ impl AmqpPublisher {
     pub async fn drain_dead_letters(&self) -> Result<Vec<Message>> {
         let channel = self.channel().await?;
         let got = fetch_dead_letters(self, &channel, true).await?;
-        Ok(got.into_iter().map(|d| d.message).collect())
+        Ok(got.into_iter().map(|e| e.letter.message).collect())
     }
 
     /// The messages in the dead-letter queue, left there: each is fetched unacked on a
     /// channel of its own, which is then closed, so the broker puts them all back.
     pub async fn read_dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        let entries = self.read_dead_letter_entries().await?;
+        Ok(entries.into_iter().map(|e| e.letter).collect())
+    }
+
+    /// As [`AmqpPublisher::read_dead_letters`], keyed by position (1 for the oldest), with
+    /// the time each died where the source recorded it.
+    pub async fn read_dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
         let channel = self.fresh_channel().await?;
         let got = fetch_dead_letters(self, &channel, false).await;
         let _ = channel
             .close(200, "justonce: dead letters read".into())
             .await;
         got
+    }
+
+    /// Replays (`Some`) or purges (`None`) the dead letters at positions `keys` (1 for the
+    /// oldest, as [`Inspect::dead_letter_entries`] numbers them). The dead-letter queue is
+    /// fetched unacked on a channel of its own; a replay publishes the chosen messages to
+    /// the work queue (or `replay.to`) through the default exchange and waits for their
+    /// confirms; only then are they acked off the dead letters, and the channel's close
+    /// puts the others back. A key past the end, or a target queue that does not exist,
+    /// moves nothing. An interrupted replay leaves a message in both places, and replaying it
+    /// again publishes the same id.
+    pub async fn move_dead_letters(&self, keys: &[String], replay: Option<&Replay>) -> Result<u64> {
+        let Some(dlq) = self.options().dead_letter_queue().map(str::to_owned) else {
+            return Err(no_dead_letter_queue(self));
+        };
+        let target = replay.map(|r| r.to.clone().unwrap_or_else(|| self.options().queue.clone()));
+        if let Some(t) = &target {
+            // On a channel of its own: a refused passive declare closes its channel.
+            let ch = self.fresh_channel().await?;
+            let found = ch
+                .queue_declare(
+                    t.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            let _ = ch.close(200, "justonce: queue checked".into()).await;
+            if let Err(e) = found {
+                return Err(Error::with_source(
+                    justonce_core::ErrorKind::Config,
+                    format!("no queue {t} on the broker to replay into"),
+                    amqp(format!("checking queue {t}"), e),
+                ));
+            }
+        }
+        let channel = self.fresh_channel().await?;
+        let moved = async {
+            let mut got = Vec::new();
+            loop {
+                let next = channel
+                    .basic_get(
+                        dlq.as_str().into(),
+                        lapin::options::BasicGetOptions::default(),
+                    )
+                    .await
+                    .map_err(|e| amqp("reading the dead-letter queue", e))?;
+                let Some(next) = next else { break };
+                let d = &next.delivery;
+                got.push((
+                    d.delivery_tag,
+                    codec::dead_letter(codec::message(&d.properties, &d.data)),
+                ));
+            }
+            let mut chosen = Vec::with_capacity(keys.len());
+            for key in keys {
+                let i = key
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|i| (1..=got.len()).contains(i))
+                    .ok_or_else(|| no_such_dead_letter(key))?;
+                chosen.push(i - 1);
+            }
+            chosen.sort_unstable();
+            chosen.dedup();
+            if let (Some(t), Some(r)) = (&target, replay) {
+                let messages: Vec<Message> = chosen
+                    .iter()
+                    .map(|i| codec::for_replay(got[*i].1.replay_message(r)))
+                    .collect();
+                let items: Vec<(&[u8], lapin::BasicProperties)> = messages
+                    .iter()
+                    .map(|m| (m.payload(), codec::properties(m, &[])))
+                    .collect();
+                self.send("", t, &items).await?;
+            }
+            for i in &chosen {
+                channel
+                    .basic_ack(got[*i].0, BasicAckOptions::default())
+                    .await
+                    .map_err(|e| amqp("acking a dead letter", e))?;
+            }
+            Ok(chosen.len() as u64)
+        }
+        .await;
+        let _ = channel
+            .close(200, "justonce: dead letters moved".into())
+            .await;
+        moved
     }
 
     /// Deletes every queue and exchange of the topology: for tests and the demo.
@@ -133,6 +232,18 @@ impl Inspect for AmqpPublisher {
     async fn cleanup(&self) -> Result<()> {
         self.delete_topology().await
     }
+
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        self.read_dead_letter_entries().await
+    }
+
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        self.move_dead_letters(keys, Some(replay)).await
+    }
+
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        self.move_dead_letters(keys, None).await
+    }
 }
 
 #[async_trait]
@@ -154,21 +265,39 @@ impl Inspect for AmqpSource {
     async fn cleanup(&self) -> Result<()> {
         self.delete_topology().await
     }
+
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        self.publisher().read_dead_letter_entries().await
+    }
+
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        self.publisher().move_dead_letters(keys, Some(replay)).await
+    }
+
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        self.publisher().move_dead_letters(keys, None).await
+    }
 }
 
-/// Every message of the dead-letter queue, fetched on `channel` and acked when `take`. A
-/// topology whose dead letters go to an exchange of the user's has no queue to read.
+/// The error of a topology whose dead letters go to an exchange of the user's.
+fn no_dead_letter_queue(p: &AmqpPublisher) -> Error {
+    let (exchange, key) = p.options().dead_letter_target();
+    Error::config(format!(
+        "dead letters go to the existing exchange {exchange} (routing key {key}), not to a \
+         queue of justonce's: read them where that exchange routes them"
+    ))
+}
+
+/// Every message of the dead-letter queue, fetched on `channel` and acked when `take`,
+/// keyed by position. A topology whose dead letters go to an exchange of the user's has no
+/// queue to read.
 async fn fetch_dead_letters(
     p: &AmqpPublisher,
     channel: &lapin::Channel,
     take: bool,
-) -> Result<Vec<DeadLetter>> {
+) -> Result<Vec<DeadLetterEntry>> {
     let Some(q) = p.options().dead_letter_queue() else {
-        let (exchange, key) = p.options().dead_letter_target();
-        return Err(Error::config(format!(
-            "dead letters go to the existing exchange {exchange} (routing key {key}), not to \
-             a queue of justonce's: read them where that exchange routes them"
-        )));
+        return Err(no_dead_letter_queue(p));
     };
     let mut out = Vec::new();
     loop {
@@ -178,7 +307,13 @@ async fn fetch_dead_letters(
             .map_err(|e| amqp("reading the dead-letter queue", e))?;
         let Some(got) = got else { break };
         let d = &got.delivery;
-        out.push(codec::dead_letter(codec::message(&d.properties, &d.data)));
+        let letter = codec::dead_letter(codec::message(&d.properties, &d.data));
+        let at = codec::timestamp(&d.properties);
+        out.push(DeadLetterEntry::new(
+            (out.len() + 1).to_string(),
+            letter,
+            at,
+        ));
         if take {
             channel
                 .basic_ack(d.delivery_tag, BasicAckOptions::default())

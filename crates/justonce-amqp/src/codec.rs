@@ -116,9 +116,44 @@ pub(crate) fn dead_letter(message: Message) -> DeadLetter {
     DeadLetter { message, reason }
 }
 
+/// When a dead letter died: its `timestamp` property, which the source sets when it
+/// dead-letters (the broker's own dead letters have none).
+pub(crate) fn timestamp(properties: &BasicProperties) -> Option<std::time::SystemTime> {
+    properties
+        .timestamp()
+        .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s))
+}
+
+/// A replayed message without what the broker wrote on its way to the dead letters
+/// (`x-death`, `x-first-death-*`, `x-last-death-*`, `x-delivery-count`) or the attempts
+/// before a retry tier: it starts over as a new publish.
+pub(crate) fn for_replay(m: Message) -> Message {
+    let mut headers = m.headers().clone();
+    headers.retain(|k, _| {
+        !(k == "x-death"
+            || k.starts_with("x-first-death-")
+            || k.starts_with("x-last-death-")
+            || k == "x-delivery-count"
+            || k == ATTEMPTS_HEADER)
+    });
+    m.with_headers(headers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replay_starts_over_without_the_brokers_history() {
+        let m = Message::new("p")
+            .with_header("x-delivery-count", "4")
+            .with_header("x-first-death-reason", "delivery_limit")
+            .with_header(ATTEMPTS_HEADER, "3")
+            .with_header("x-justonce-replays", "1")
+            .with_header("tenant", "acme");
+        let keys: Vec<String> = for_replay(m).headers().keys().cloned().collect();
+        assert_eq!(keys, ["tenant", "x-justonce-replays"]);
+    }
 
     fn with_headers(pairs: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut t = FieldTable::default();

@@ -456,7 +456,12 @@ impl Source for AmqpSource {
         let t = token(&delivery.receipt)?;
         let mut extra: Vec<(String, String)> = reason.to_headers().into_iter().collect();
         extra.push((ATTEMPTS_HEADER.to_owned(), t.attempt.to_string()));
-        let props = properties(&delivery.message, &extra);
+        // The time it died, as AMQP's `timestamp` property (seconds): what `justonce dlq`
+        // shows as first and last failure.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let props = properties(&delivery.message, &extra).with_timestamp(now);
         let (exchange, key) = self.inner.opts.dead_letter_target();
         self.inner
             .publisher

@@ -3,6 +3,7 @@
 mod bench;
 mod bus;
 mod demo;
+mod dlq;
 mod lab;
 mod orders;
 mod publish;
@@ -30,6 +31,9 @@ enum Command {
     /// effectively-once and a bare baseline side by side, swept over batch size,
     /// concurrency and message size.
     Bench(bench::BenchArgs),
+    /// Dead letters on any transport: list them grouped by failure, show one, replay them
+    /// (keeping their ids, so what was applied is not applied again), purge them.
+    Dlq(dlq::DlqArgs),
     /// One bench run as its own process (used by `bench`).
     #[command(hide = true)]
     BenchRun(bench::BenchRunArgs),
@@ -74,6 +78,7 @@ fn main() -> std::process::ExitCode {
             Command::Publish(args) => publish::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::BenchRun(args) => bench::run_child(args).await,
+            Command::Dlq(args) => dlq::run(args).await,
         }
     });
     match result {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::{DeadLetterReason, Message, Result};
+use crate::{DeadLetterEntry, DeadLetterReason, Error, Message, Replay, Result};
 
 /// A dead-lettered message and why.
 #[derive(Debug, Clone)]
@@ -62,6 +62,40 @@ pub trait Inspect: Send + Sync {
     /// Removes what this queue made (its rows, its topology on the broker): for tests,
     /// demos and labs on shared services.
     async fn cleanup(&self) -> Result<()>;
+
+    /// The dead letters with the handles [`Inspect::replay_dead_letters`] and
+    /// [`Inspect::purge_dead_letters`] take, oldest first. The default numbers
+    /// [`Inspect::dead_letters`] in order, with no time.
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        Ok(self
+            .dead_letters()
+            .await?
+            .into_iter()
+            .enumerate()
+            .map(|(i, letter)| DeadLetterEntry::new((i + 1).to_string(), letter, None))
+            .collect())
+    }
+
+    /// Publishes the dead letters `keys` again as `replay` says
+    /// ([`DeadLetter::replay_message`]), each removed from the dead letters only once its
+    /// publish is durable; answers how many moved. A key that is not there is an error
+    /// before anything moves, and so is a target queue that does not exist. The default
+    /// cannot replay.
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        let _ = (keys, replay);
+        Err(Error::config(
+            "this transport cannot replay its dead letters",
+        ))
+    }
+
+    /// Deletes the dead letters `keys`; answers how many. A key that is not there is an
+    /// error before anything is deleted. The default cannot.
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        let _ = keys;
+        Err(Error::config(
+            "this transport cannot purge its dead letters",
+        ))
+    }
 }
 
 #[async_trait]
@@ -78,4 +112,22 @@ impl<T: Inspect + ?Sized> Inspect for std::sync::Arc<T> {
     async fn cleanup(&self) -> Result<()> {
         (**self).cleanup().await
     }
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        (**self).dead_letter_entries().await
+    }
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        (**self).replay_dead_letters(keys, replay).await
+    }
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        (**self).purge_dead_letters(keys).await
+    }
+}
+
+/// The error of a dead-letter key that is not there, for transports: the same sentence on
+/// each.
+pub fn no_such_dead_letter(key: &str) -> Error {
+    Error::new(
+        crate::ErrorKind::InvalidInput,
+        format!("no dead letter {key} (list them again: keys change when dead letters move)"),
+    )
 }

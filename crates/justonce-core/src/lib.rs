@@ -18,6 +18,7 @@
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 mod backoff;
+mod dead_letters;
 mod delivery;
 mod error;
 mod id;
@@ -33,10 +34,11 @@ mod transport;
 mod url;
 
 pub use backoff::ExponentialBackoff;
+pub use dead_letters::{failure_group, DeadLetterEntry, FailureGroup, Replay};
 pub use delivery::{Delivery, Receipt};
 pub use error::{error_chain, Error, ErrorKind, Result};
 pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
-pub use inspect::{DeadLetter, Inspect};
+pub use inspect::{no_such_dead_letter, DeadLetter, Inspect};
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};

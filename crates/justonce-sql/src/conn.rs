@@ -12,6 +12,7 @@ pub(crate) enum Arg<'a> {
     Text(&'a str),
     Int(i64),
     Blob(Option<&'a [u8]>),
+    MaybeText(Option<&'a str>),
 }
 
 /// A claim row as an acquire reads it: columns `fingerprint, state, token, result,
@@ -23,6 +24,22 @@ pub(crate) struct ClaimRow {
     pub(crate) token: i64,
     pub(crate) remaining_ms: Option<i64>,
     pub(crate) result: Option<Vec<u8>>,
+}
+
+/// A dead letter's row: columns `seq, message_id, payload, headers, content_type,
+/// attempts, error, consumer, dead_lettered_at` (milliseconds since the Unix epoch), the
+/// integers as 64-bit.
+#[derive(Debug)]
+pub(crate) struct DeadLetterRow {
+    pub(crate) seq: i64,
+    pub(crate) message_id: Option<String>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: String,
+    pub(crate) content_type: Option<String>,
+    pub(crate) attempts: i64,
+    pub(crate) error: String,
+    pub(crate) consumer: String,
+    pub(crate) at_ms: i64,
 }
 
 /// What the stores run on a connection. Implemented once, for every sqlx connection whose
@@ -52,6 +69,12 @@ pub(crate) trait Conn: Send {
         sql: &'q str,
         args: &[Arg<'q>],
     ) -> Result<ClaimRow, sqlx::Error>;
+    /// Every row as a [`DeadLetterRow`].
+    async fn dead_letter_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<DeadLetterRow>, sqlx::Error>;
 }
 
 /// The rows a statement changed (sqlx has no trait for it).
@@ -86,6 +109,7 @@ where
     &'q str: Encode<'q, DB> + Type<DB>,
     i64: Encode<'q, DB> + Type<DB>,
     Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
 {
     let mut q = sqlx::query(sql);
     for arg in args {
@@ -93,6 +117,7 @@ where
             Arg::Text(s) => q.bind(s),
             Arg::Int(n) => q.bind(n),
             Arg::Blob(b) => q.bind(b),
+            Arg::MaybeText(s) => q.bind(s),
         };
     }
     q
@@ -106,6 +131,7 @@ where
     for<'q> <C::Database as Database>::Arguments<'q>: IntoArguments<'q, C::Database>,
     for<'q> &'q str: Encode<'q, C::Database> + Type<C::Database>,
     for<'q> Option<&'q [u8]>: Encode<'q, C::Database> + Type<C::Database>,
+    for<'q> Option<&'q str>: Encode<'q, C::Database> + Type<C::Database>,
     for<'q> i64: Encode<'q, C::Database> + Decode<'q, C::Database> + Type<C::Database>,
     for<'r> String: Decode<'r, C::Database> + Type<C::Database>,
     for<'r> Vec<u8>: Decode<'r, C::Database> + Type<C::Database>,
@@ -159,5 +185,28 @@ where
             result: r.try_get(3)?,
             remaining_ms: r.try_get(4)?,
         })
+    }
+
+    async fn dead_letter_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+        let rows = self.fetch_all(query::<C::Database>(sql, args)).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetterRow {
+                    seq: r.try_get(0)?,
+                    message_id: r.try_get(1)?,
+                    payload: r.try_get(2)?,
+                    headers: r.try_get(3)?,
+                    content_type: r.try_get(4)?,
+                    attempts: r.try_get(5)?,
+                    error: r.try_get(6)?,
+                    consumer: r.try_get(7)?,
+                    at_ms: r.try_get(8)?,
+                })
+            })
+            .collect()
     }
 }

@@ -139,6 +139,8 @@ macro_rules! transport_tests {
                 a_nack_with_a_delay_is_not_delivered_before_it,
                 a_release_counts_no_attempt,
                 a_dead_letter_keeps_payload_id_headers_and_reason,
+                a_replay_returns_a_dead_letter_under_its_own_id,
+                a_bad_replay_moves_nothing_and_a_purge_deletes_what_it_names,
                 receive_waits_as_long_as_asked,
                 bad_messages_are_still_delivered,
             ]

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use justonce_core::{DeadLetterReason, Inspect, Message, Publisher, Source};
+use justonce_core::{DeadLetter, DeadLetterReason, Inspect, Message, Publisher, Replay, Source};
 
 /// A queue under test and its lease (on a broker without leases: how long a redelivery may
 /// take after the connection dropped). A nack delay of three leases must be a delay the
@@ -233,6 +233,138 @@ pub async fn a_dead_letter_keeps_payload_id_headers_and_reason<Q: Source + Publi
         q.queue.pending().await.unwrap(),
         0,
         "a dead letter is not pending"
+    );
+    q.done().await;
+}
+
+/// Publishes `names`, receives them and dead-letters each with the reason `boom N`.
+async fn dead_letters_of<Q: Source + Publisher + Inspect>(q: &Queue<Q>, ns: &str, names: &[&str]) {
+    for n in names {
+        q.queue.publish(&q.msg(ns, n)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < names.len() && Instant::now() < deadline {
+        got.extend(q.receive(10, Duration::from_millis(500)).await);
+    }
+    assert_eq!(
+        got.len(),
+        names.len(),
+        "every message to dead-letter is delivered"
+    );
+    for (i, d) in got.iter().enumerate() {
+        let reason = DeadLetterReason {
+            error: format!("boom {i}"),
+            attempts: d.attempt,
+            source_queue: q.queue.queue().into(),
+            consumer: "conformance".into(),
+        };
+        q.queue.dead_letter(d, &reason).await.unwrap();
+    }
+}
+
+/// A replay publishes a dead letter back to its queue under its own id, with its history
+/// ([`DeadLetter::REPLAYS`]) and without its reason, and takes it off the dead letters; the
+/// others stay, oldest first.
+pub async fn a_replay_returns_a_dead_letter_under_its_own_id<Q: Source + Publisher + Inspect>(
+    q: &Queue<Q>,
+    ns: &str,
+) {
+    dead_letters_of(q, ns, &["a", "b"]).await;
+    let entries = q.queue.dead_letter_entries().await.unwrap();
+    assert_eq!(entries.len(), 2, "two dead letters, listed with keys");
+    let b = entries
+        .iter()
+        .find(|e| {
+            e.letter
+                .message
+                .id()
+                .is_some_and(|i| i.as_str().ends_with("-b"))
+        })
+        .expect("the dead letter of b");
+    let moved = q
+        .queue
+        .replay_dead_letters(std::slice::from_ref(&b.key), &Replay::new())
+        .await
+        .unwrap();
+    assert_eq!(moved, 1, "one replayed");
+    let d = q.one("the replayed message").await;
+    assert_eq!(id_of(&d), format!("{ns}-b"), "a replay keeps the id");
+    assert_eq!(d.message.payload(), b"payload b", "and the payload");
+    assert_eq!(
+        d.message.header(DeadLetter::REPLAYS),
+        Some("1"),
+        "and records the replay"
+    );
+    assert_eq!(d.attempt, 1, "a replayed message starts its attempts over");
+    assert!(
+        d.message.header(DeadLetterReason::ERROR).is_none(),
+        "the old reason is not a header of the new delivery"
+    );
+    q.queue.ack(&[&d.receipt]).await.unwrap();
+    let left = q.queue.dead_letters().await.unwrap();
+    let ids: Vec<_> = left
+        .iter()
+        .map(|l| l.message.id().map(|i| i.as_str().to_owned()))
+        .collect();
+    assert_eq!(
+        ids,
+        [Some(format!("{ns}-a"))],
+        "the other dead letter stays"
+    );
+    q.done().await;
+}
+
+/// A replay or purge naming a key that is not there, or a replay into a queue that does
+/// not exist, moves nothing; a purge deletes what it names and nothing else.
+pub async fn a_bad_replay_moves_nothing_and_a_purge_deletes_what_it_names<
+    Q: Source + Publisher + Inspect,
+>(
+    q: &Queue<Q>,
+    ns: &str,
+) {
+    dead_letters_of(q, ns, &["a", "b"]).await;
+    let keys: Vec<String> = q
+        .queue
+        .dead_letter_entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    let with_missing = [keys[0].clone(), "999999".to_owned()];
+    assert!(
+        q.queue
+            .replay_dead_letters(&with_missing, &Replay::new())
+            .await
+            .is_err(),
+        "a key that is not there fails the replay"
+    );
+    let nowhere = Replay::new().to(format!("{ns}-no-such-queue"));
+    assert!(
+        q.queue
+            .replay_dead_letters(&keys[..1], &nowhere)
+            .await
+            .is_err(),
+        "a target queue that does not exist fails the replay"
+    );
+    assert!(
+        q.queue.purge_dead_letters(&with_missing).await.is_err(),
+        "and the purge"
+    );
+    assert_eq!(
+        q.queue.dead_letters().await.unwrap().len(),
+        2,
+        "nothing moved"
+    );
+    q.nothing(Duration::from_millis(300), "nothing was published")
+        .await;
+    assert_eq!(q.queue.purge_dead_letters(&keys[..1]).await.unwrap(), 1);
+    let left = q.queue.dead_letters().await.unwrap();
+    assert_eq!(left.len(), 1, "the purge deleted the one it named");
+    assert_eq!(
+        left[0].message.id().map(|i| i.as_str().to_owned()),
+        Some(format!("{ns}-b"))
     );
     q.done().await;
 }

@@ -193,6 +193,10 @@ pub struct TransportOptions {
     pub lease: Duration,
     /// RabbitMQ's prefetch, unless `amqp` says otherwise.
     pub prefetch: u16,
+    /// Make the queue if the transport does not hold it (the default). `false` fails,
+    /// naming the queues there are, and on RabbitMQ declares nothing (unless `amqp` says
+    /// otherwise): for tools that must not make a queue by mistake.
+    pub create: bool,
     /// RabbitMQ's topology; `None`: `AmqpOptions::new(queue)`.
     #[cfg(feature = "amqp")]
     pub amqp: Option<justonce_amqp::AmqpOptions>,
@@ -204,6 +208,7 @@ impl Default for TransportOptions {
         TransportOptions {
             lease: Duration::from_secs(30),
             prefetch: 200,
+            create: true,
             #[cfg(feature = "amqp")]
             amqp: None,
         }
@@ -220,6 +225,12 @@ impl TransportOptions {
     /// Sets [`TransportOptions::prefetch`].
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch;
+        self
+    }
+
+    /// Sets [`TransportOptions::create`].
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
         self
     }
 
@@ -271,15 +282,17 @@ impl Transport {
         match kind {
             #[cfg(feature = "sqlite")]
             TransportKind::Sqlite => {
-                let mut o = justonce_sql::SqliteQueueOptions::default();
-                o.lease = opts.lease;
+                let o = justonce_sql::SqliteQueueOptions::default()
+                    .lease(opts.lease)
+                    .create(opts.create);
                 let q = Arc::new(justonce_sql::SqliteQueue::open_with(url, queue, o).await?);
                 Ok(Self::sql(kind, q, None))
             }
             #[cfg(feature = "postgres")]
             TransportKind::Postgres => {
-                let mut o = justonce_sql::PgQueueOptions::default();
-                o.lease = opts.lease;
+                let o = justonce_sql::PgQueueOptions::default()
+                    .lease(opts.lease)
+                    .create(opts.create);
                 let q = Arc::new(justonce_sql::PgQueue::open_with(url, queue, o).await?);
                 let ack: Arc<dyn TransactionalAck<justonce_sql::PgTx>> = q.clone();
                 Ok(Self::sql(kind, q, Some(Arc::new(ack))))
@@ -294,7 +307,12 @@ impl Transport {
                             o.queue
                         )))
                     }
-                    None => justonce_amqp::AmqpOptions::new(queue).prefetch(opts.prefetch),
+                    None if opts.create => {
+                        justonce_amqp::AmqpOptions::new(queue).prefetch(opts.prefetch)
+                    }
+                    None => justonce_amqp::AmqpOptions::new(queue)
+                        .prefetch(opts.prefetch)
+                        .declare(justonce_amqp::Declare::None),
                 };
                 if consume {
                     let s = Arc::new(justonce_amqp::AmqpSource::connect(url, o).await?);

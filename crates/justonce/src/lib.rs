@@ -94,11 +94,11 @@ pub use consumer::{
     ConsumerOptions, Context, DedupOptions, FaultPoint, Handler, Idempotency, RetryOptions,
 };
 pub use justonce_core::{
-    canonical_json, error_chain, memory, redact_url, validate_identifier, Cas, Claim, ClaimState,
-    ClaimStore, DeadLetter, DeadLetterReason, DedupKey, DedupStore, Delivery, Disposition, Error,
-    ErrorKind, ExponentialBackoff, Fingerprint, Headers, IdStrategy, Inspect, Message, MessageId,
-    Publisher, Receipt, Result, Semantics, Source, StateMachine, Store, TransactionalAck,
-    Transition,
+    canonical_json, error_chain, failure_group, memory, redact_url, validate_identifier, Cas,
+    Claim, ClaimState, ClaimStore, DeadLetter, DeadLetterEntry, DeadLetterReason, DedupKey,
+    DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff, FailureGroup,
+    Fingerprint, Headers, IdStrategy, Inspect, Message, MessageId, Publisher, Receipt, Replay,
+    Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 
@@ -123,6 +123,8 @@ mod guides {
     #[cfg(feature = "postgres")]
     #[doc = include_str!("../../../docs/guide/failures.md")]
     struct Failures;
+    #[doc = include_str!("../../../docs/guide/operations.md")]
+    struct Operations;
     #[cfg(all(feature = "amqp", feature = "postgres"))]
     #[doc = include_str!("../../../docs/guide/rabbitmq.md")]
     struct Rabbitmq;

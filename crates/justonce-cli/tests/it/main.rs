@@ -2,5 +2,6 @@
 
 mod bench;
 mod demo;
+mod dlq;
 mod kill;
 mod lab;

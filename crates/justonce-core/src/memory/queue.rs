@@ -7,7 +7,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{
-    DeadLetter, DeadLetterReason, Delivery, Inspect, Message, Publisher, Receipt, Result, Source,
+    no_such_dead_letter, DeadLetter, DeadLetterEntry, DeadLetterReason, Delivery, Error, Inspect,
+    Message, Publisher, Receipt, Replay, Result, Source,
 };
 
 /// An in-memory queue with leases, attempts and a dead-letter list.
@@ -37,7 +38,9 @@ pub struct MemoryQueue {
 struct Inner {
     next_seq: u64,
     entries: BTreeMap<u64, Entry>,
-    dead: Vec<(Message, DeadLetterReason)>,
+    /// The dead letters, each with its key.
+    dead: Vec<(u64, Message, DeadLetterReason)>,
+    next_dead: u64,
     deliveries: u64,
 }
 
@@ -65,6 +68,21 @@ impl MemoryQueue {
         }
     }
 
+    /// Removes the dead letters `keys`, all or none.
+    fn take_dead(&self, keys: &[String]) -> Result<Vec<(Message, DeadLetterReason)>> {
+        let mut inner = self.lock();
+        for key in keys {
+            if !inner.dead.iter().any(|(k, _, _)| k.to_string() == *key) {
+                return Err(no_such_dead_letter(key));
+            }
+        }
+        let (taken, kept) = std::mem::take(&mut inner.dead)
+            .into_iter()
+            .partition(|(k, _, _)| keys.contains(&k.to_string()));
+        inner.dead = kept;
+        Ok(taken.into_iter().map(|(_, m, r)| (m, r)).collect())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -81,7 +99,11 @@ impl MemoryQueue {
 
     /// The dead letters, with their reasons.
     pub fn dead_letters(&self) -> Vec<(Message, DeadLetterReason)> {
-        self.lock().dead.clone()
+        self.lock()
+            .dead
+            .iter()
+            .map(|(_, m, r)| (m.clone(), r.clone()))
+            .collect()
     }
 
     /// How many deliveries the queue has made, redeliveries included.
@@ -193,7 +215,10 @@ impl Source for MemoryQueue {
         for (k, v) in reason.to_headers() {
             msg = msg.with_header(k, v);
         }
-        self.lock().dead.push((msg, reason.clone()));
+        let mut inner = self.lock();
+        inner.next_dead += 1;
+        let key = inner.next_dead;
+        inner.dead.push((key, msg, reason.clone()));
         Ok(())
     }
 
@@ -245,8 +270,39 @@ impl Inspect for MemoryQueue {
             .lock()
             .dead
             .iter()
-            .map(|(m, r)| DeadLetter::new(m.clone(), r.clone()))
+            .map(|(_, m, r)| DeadLetter::new(m.clone(), r.clone()))
             .collect())
+    }
+
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        Ok(self
+            .lock()
+            .dead
+            .iter()
+            .map(|(k, m, r)| {
+                DeadLetterEntry::new(k.to_string(), DeadLetter::new(m.clone(), r.clone()), None)
+            })
+            .collect())
+    }
+
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        if replay.to.as_ref().is_some_and(|to| *to != self.name) {
+            return Err(Error::config(format!(
+                "a memory queue replays into itself only, not into {}",
+                replay.to.as_deref().unwrap_or_default()
+            )));
+        }
+        let taken = self.take_dead(keys)?;
+        let messages: Vec<Message> = taken
+            .into_iter()
+            .map(|(m, r)| DeadLetter::new(m, r).replay_message(replay))
+            .collect();
+        self.publish_batch(&messages).await?;
+        Ok(messages.len() as u64)
+    }
+
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        Ok(self.take_dead(keys)?.len() as u64)
     }
 
     async fn cleanup(&self) -> Result<()> {

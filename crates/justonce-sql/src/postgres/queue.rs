@@ -14,7 +14,11 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{connect, create, PgTx, MS};
-use crate::queue::{message_from_row, DeadLetter, QueueStats};
+use crate::queue::{
+    dead_letter_entries, message_from_row, move_dead_letters, no_such_queue, queue_names,
+    DeadLetter, DeadLetterSql, QueueStats,
+};
+use justonce_core::{DeadLetterEntry, Replay};
 
 /// The channel publishes notify on; the payload is the queue's name.
 const CHANNEL: &str = "jo_queue";
@@ -66,12 +70,17 @@ pub struct PgQueueOptions {
     pub poll_interval: Duration,
     /// Connections in the pool (the listener has its own).
     pub max_connections: u32,
+    /// Create the queue if the database does not hold it yet (the default). `false` makes
+    /// `open` fail, naming the queues the database holds: for tools that must not make a
+    /// queue by mistake (`justonce dlq`).
+    pub create: bool,
 }
 
 crate::options::setters!(PgQueueOptions {
     lease: std::time::Duration,
     poll_interval: std::time::Duration,
-    max_connections: u32
+    max_connections: u32,
+    create: bool
 });
 
 impl Default for PgQueueOptions {
@@ -80,6 +89,7 @@ impl Default for PgQueueOptions {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             max_connections: 8,
+            create: true,
         }
     }
 }
@@ -143,6 +153,12 @@ impl PgQueue {
         }
         let pool = connect(url, opts.max_connections).await?;
         create(&pool, &schema()).await?;
+        if !opts.create {
+            let queues = queue_names(&pool, &dead_letter_sql()).await?;
+            if !queues.iter().any(|q| q == queue) {
+                return Err(no_such_queue(queue, url, &queues));
+            }
+        }
         sqlx::query("INSERT INTO jo_queue_stats (queue) VALUES ($1) ON CONFLICT DO NOTHING")
             .bind(queue)
             .execute(&pool)
@@ -192,25 +208,8 @@ impl PgQueue {
 
     /// The dead letters of this queue, oldest first.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        let rows = sqlx::query(
-            "SELECT message_id, payload, headers, content_type, attempts, error, consumer
-             FROM jo_dead_letter WHERE queue = $1 ORDER BY seq",
-        )
-        .bind(&self.queue)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let reason = DeadLetterReason {
-                    error: r.get("error"),
-                    attempts: r.get::<i32, _>("attempts") as u32,
-                    source_queue: self.queue.clone(),
-                    consumer: r.get("consumer"),
-                };
-                DeadLetter::new(row_message(r), reason)
-            })
-            .collect())
+        let entries = dead_letter_entries(&self.pool, &dead_letter_sql(), &self.queue).await?;
+        Ok(entries.into_iter().map(|e| e.letter).collect())
     }
 
     /// Deletes this queue's rows, dead letters and counts (tests, demos on a shared database).
@@ -542,5 +541,38 @@ impl justonce_core::Inspect for PgQueue {
     /// Deletes this queue's rows, its dead letters and its counters.
     async fn cleanup(&self) -> Result<()> {
         self.delete().await
+    }
+
+    /// Keyed by the dead-letter row's `seq`, with the time it was written.
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        dead_letter_entries(&self.pool, &dead_letter_sql(), &self.queue).await
+    }
+
+    /// In one transaction: each message back into the queue (or into `replay.to`, another
+    /// queue of this database), its dead letter deleted, the receivers notified.
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        let sql = dead_letter_sql();
+        move_dead_letters(&self.pool, &sql, &self.queue, keys, Some(replay)).await
+    }
+
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        move_dead_letters(&self.pool, &dead_letter_sql(), &self.queue, keys, None).await
+    }
+}
+
+/// The dead-letter statements on PostgreSQL (see [`DeadLetterSql`]).
+fn dead_letter_sql() -> DeadLetterSql {
+    DeadLetterSql {
+        begin: None,
+        entries: "SELECT seq, message_id, payload, headers, content_type, attempts::bigint, error,
+                         consumer, (EXTRACT(EPOCH FROM dead_lettered_at) * 1000)::bigint
+                  FROM jo_dead_letter WHERE queue = $1 ORDER BY seq"
+            .into(),
+        queues: "SELECT queue, queue FROM jo_queue_stats ORDER BY queue".into(),
+        enqueue: "INSERT INTO jo_queue (queue, message_id, payload, headers, content_type)
+                  VALUES ($1, $2, $3, $4, $5)"
+            .into(),
+        delete: "DELETE FROM jo_dead_letter WHERE queue = $1 AND seq = $2".into(),
+        notify: Some(format!("SELECT pg_notify('{CHANNEL}', $1)")),
     }
 }

@@ -10,7 +10,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{connect, NOW_MS};
-use crate::queue::{message_from_row, DeadLetter, QueueStats};
+use crate::queue::{
+    dead_letter_entries, message_from_row, move_dead_letters, no_such_queue, queue_names,
+    DeadLetter, DeadLetterSql, QueueStats,
+};
+use justonce_core::{DeadLetterEntry, Replay};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_queue (
@@ -59,13 +63,18 @@ pub struct SqliteQueueOptions {
     pub durable: bool,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// Create the queue if the database does not hold it yet (the default). `false` makes
+    /// `open` fail, naming the queues the database holds: for tools that must not make a
+    /// queue by mistake (`justonce dlq`).
+    pub create: bool,
 }
 
 crate::options::setters!(SqliteQueueOptions {
     lease: std::time::Duration,
     poll_interval: std::time::Duration,
     durable: bool,
-    max_connections: u32
+    max_connections: u32,
+    create: bool
 });
 
 impl Default for SqliteQueueOptions {
@@ -75,6 +84,7 @@ impl Default for SqliteQueueOptions {
             poll_interval: Duration::from_millis(50),
             durable: true,
             max_connections: 4,
+            create: true,
         }
     }
 }
@@ -126,6 +136,12 @@ impl SqliteQueue {
         }
         let pool = connect(url, opts.durable, opts.max_connections, true).await?;
         sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        if !opts.create {
+            let queues = queue_names(&pool, &dead_letter_sql()).await?;
+            if !queues.iter().any(|q| q == queue) {
+                return Err(no_such_queue(queue, url, &queues));
+            }
+        }
         sqlx::query("INSERT INTO jo_queue_stats (queue) VALUES (?) ON CONFLICT (queue) DO NOTHING")
             .bind(queue)
             .execute(&pool)
@@ -164,25 +180,8 @@ impl SqliteQueue {
 
     /// The dead letters of this queue, oldest first.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
-        let rows = sqlx::query(
-            "SELECT message_id, payload, headers, content_type, attempts, error, consumer
-             FROM jo_dead_letter WHERE queue = ? ORDER BY seq",
-        )
-        .bind(&self.queue)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                let message = row_message(&r)?;
-                let reason = DeadLetterReason {
-                    error: r.get("error"),
-                    attempts: r.get::<i64, _>("attempts") as u32,
-                    source_queue: self.queue.clone(),
-                    consumer: r.get("consumer"),
-                };
-                Ok(DeadLetter::new(message, reason))
-            })
-            .collect()
+        let entries = dead_letter_entries(&self.pool, &dead_letter_sql(), &self.queue).await?;
+        Ok(entries.into_iter().map(|e| e.letter).collect())
     }
 
     /// Deletes this queue's rows, its dead letters and its counters (the file and the other
@@ -427,5 +426,41 @@ impl justonce_core::Inspect for SqliteQueue {
     /// Deletes this queue's rows, its dead letters and its counters.
     async fn cleanup(&self) -> Result<()> {
         self.delete().await
+    }
+
+    /// Keyed by the dead-letter row's `seq`, with the time it was written.
+    async fn dead_letter_entries(&self) -> Result<Vec<DeadLetterEntry>> {
+        dead_letter_entries(&self.pool, &dead_letter_sql(), &self.queue).await
+    }
+
+    /// In one transaction: each message back into the queue (or into `replay.to`, another
+    /// queue of this file), its dead letter deleted.
+    async fn replay_dead_letters(&self, keys: &[String], replay: &Replay) -> Result<u64> {
+        let sql = dead_letter_sql();
+        let n = move_dead_letters(&self.pool, &sql, &self.queue, keys, Some(replay)).await?;
+        self.notify.notify_waiters();
+        Ok(n)
+    }
+
+    async fn purge_dead_letters(&self, keys: &[String]) -> Result<u64> {
+        move_dead_letters(&self.pool, &dead_letter_sql(), &self.queue, keys, None).await
+    }
+}
+
+/// The dead-letter statements on SQLite (see [`DeadLetterSql`]).
+fn dead_letter_sql() -> DeadLetterSql {
+    DeadLetterSql {
+        begin: Some("BEGIN IMMEDIATE"),
+        entries: "SELECT seq, message_id, payload, headers, content_type, attempts, error, consumer,
+                         dead_lettered_at
+                  FROM jo_dead_letter WHERE queue = ? ORDER BY seq"
+            .into(),
+        queues: "SELECT queue, queue FROM jo_queue_stats ORDER BY queue".into(),
+        enqueue: format!(
+            "INSERT INTO jo_queue (queue, message_id, payload, headers, content_type, visible_at, enqueued_at)
+             VALUES (?, ?, ?, ?, ?, {NOW_MS}, {NOW_MS})"
+        ),
+        delete: "DELETE FROM jo_dead_letter WHERE queue = ? AND seq = ?".into(),
+        notify: None,
     }
 }

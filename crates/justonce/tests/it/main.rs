@@ -5,6 +5,7 @@ mod amqp;
 mod environment;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod replay;
 mod rules;
 mod sqlite;
 mod strategies;
