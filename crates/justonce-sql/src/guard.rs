@@ -1,15 +1,63 @@
 //! The state-machine and version guards, written once for every database: the statements
 //! are built here with sqlx's `QueryBuilder` (which writes each database's placeholders),
-//! and what the answers mean is decided here, with `StateMachine::decide` and
-//! `Cas::decide` of the core. Each backend's public guard types (`PgStateGuard`, …) name
-//! their connection and key types and run the two statements: sqlx cannot run a
-//! `QueryBuilder` over a database left generic (its arguments' lifetime would have to
-//! outlive the builder; "lack of lazy normalization", sqlx's source says).
+//! run through [`RunGuard`], and what the answers mean is decided here, with
+//! `StateMachine::decide` and `Cas::decide` of the core. Each backend's public guard types
+//! (`PgStateGuard`, …) only name their connection and key types.
 
 use std::fmt::Display;
 
+use async_trait::async_trait;
 use justonce_core::{validate_identifier, Cas, Error, ErrorKind, Result, StateMachine, Transition};
 use sqlx::{Database, Encode, QueryBuilder, Type};
+
+/// Runs a guard's statement. Implemented for each database by `run_guard!`, where the
+/// database is a concrete type: sqlx cannot run a `QueryBuilder` over a database left
+/// generic (the query would borrow the builder for as long as its arguments live, which
+/// its drop forbids; "lack of lazy normalization", sqlx's own source says).
+#[async_trait]
+pub(crate) trait RunGuard: Database {
+    /// The rows the statement changed.
+    async fn rows(conn: &mut Self::Connection, q: QueryBuilder<'_, Self>) -> Result<u64>;
+    /// The first column of the first row as text.
+    async fn text(conn: &mut Self::Connection, q: QueryBuilder<'_, Self>)
+        -> Result<Option<String>>;
+    /// The first column of the first row as an integer.
+    async fn int(conn: &mut Self::Connection, q: QueryBuilder<'_, Self>) -> Result<Option<i64>>;
+}
+
+macro_rules! run_guard {
+    ($db:ty) => {
+        #[async_trait]
+        impl RunGuard for $db {
+            async fn rows(
+                conn: &mut <$db as Database>::Connection,
+                mut q: QueryBuilder<'_, $db>,
+            ) -> Result<u64> {
+                Ok(q.build().execute(conn).await?.rows_affected())
+            }
+
+            async fn text(
+                conn: &mut <$db as Database>::Connection,
+                mut q: QueryBuilder<'_, $db>,
+            ) -> Result<Option<String>> {
+                Ok(q.build_query_scalar().fetch_optional(conn).await?)
+            }
+
+            async fn int(
+                conn: &mut <$db as Database>::Connection,
+                mut q: QueryBuilder<'_, $db>,
+            ) -> Result<Option<i64>> {
+                Ok(q.build_query_scalar().fetch_optional(conn).await?)
+            }
+        }
+    };
+}
+
+run_guard!(sqlx::Sqlite);
+#[cfg(feature = "postgres")]
+run_guard!(sqlx::Postgres);
+#[cfg(feature = "mysql")]
+run_guard!(sqlx::MySql);
 
 /// A state-machine guard on one table.
 #[derive(Debug, Clone)]
@@ -105,6 +153,28 @@ impl StateGuard {
         read(&self.state, &self.table, &self.key, key)
     }
 
+    /// Moves the entity `key` to `target`: the conditional update, and only when it
+    /// changed nothing, the state read back and decided.
+    pub(crate) async fn transition<'a, DB, K>(
+        &'a self,
+        conn: &mut DB::Connection,
+        key: K,
+        target: &'a str,
+    ) -> Result<Transition>
+    where
+        DB: RunGuard,
+        K: 'a + Encode<'a, DB> + Type<DB> + Clone + Display + Send,
+        &'a str: Encode<'a, DB> + Type<DB>,
+    {
+        if let Some(q) = self.update::<DB, K>(key.clone(), target) {
+            if DB::rows(conn, q).await? == 1 {
+                return Ok(Transition::Apply);
+            }
+        }
+        let current = DB::text(conn, self.read(key.clone())).await?;
+        self.decide(current, &key, target)
+    }
+
     /// What an update that changed nothing means, from the state read after it.
     pub(crate) fn decide(
         &self,
@@ -164,6 +234,26 @@ impl VersionGuard {
         K: 'a + Encode<'a, DB> + Type<DB>,
     {
         read(&self.version, &self.table, &self.key, key)
+    }
+
+    /// Bumps the version of `key` if it is `expected`: the conditional update, and only
+    /// when it changed nothing, the version read back and decided.
+    pub(crate) async fn bump<'a, DB, K>(
+        &'a self,
+        conn: &mut DB::Connection,
+        key: K,
+        expected: i64,
+    ) -> Result<Cas>
+    where
+        DB: RunGuard,
+        K: 'a + Encode<'a, DB> + Type<DB> + Clone + Display + Send,
+        i64: Encode<'a, DB> + Type<DB>,
+    {
+        if DB::rows(conn, self.update::<DB, K>(key.clone(), expected)).await? == 1 {
+            return Ok(Cas::Applied);
+        }
+        let current = DB::int(conn, self.read(key.clone())).await?;
+        self.decide(current, &key, expected)
     }
 
     /// What an update that changed nothing means, from the version read after it.

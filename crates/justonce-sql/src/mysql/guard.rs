@@ -49,14 +49,7 @@ impl MySqlStateGuard {
             + std::fmt::Display
             + Send,
     {
-        if let Some(mut q) = self.0.update::<sqlx::MySql, _>(key.clone(), target) {
-            if q.build().execute(&mut *conn).await?.rows_affected() == 1 {
-                return Ok(Transition::Apply);
-            }
-        }
-        let mut q = self.0.read::<sqlx::MySql, _>(key.clone());
-        let current = q.build_query_scalar().fetch_optional(&mut *conn).await?;
-        self.0.decide(current, &key, target)
+        self.0.transition::<sqlx::MySql, _>(conn, key, target).await
     }
 }
 
@@ -98,12 +91,6 @@ impl MySqlVersionGuard {
             + std::fmt::Display
             + Send,
     {
-        let mut q = self.0.update::<sqlx::MySql, _>(key.clone(), expected);
-        if q.build().execute(&mut *conn).await?.rows_affected() == 1 {
-            return Ok(Cas::Applied);
-        }
-        let mut q = self.0.read::<sqlx::MySql, _>(key.clone());
-        let current = q.build_query_scalar().fetch_optional(&mut *conn).await?;
-        self.0.decide(current, &key, expected)
+        self.0.bump::<sqlx::MySql, _>(conn, key, expected).await
     }
 }

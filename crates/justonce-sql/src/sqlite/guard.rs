@@ -43,14 +43,9 @@ impl SqliteStateGuard {
         key: &str,
         target: &str,
     ) -> Result<Transition> {
-        if let Some(mut q) = self.0.update::<sqlx::Sqlite, _>(key.to_owned(), target) {
-            if q.build().execute(&mut *conn).await?.rows_affected() == 1 {
-                return Ok(Transition::Apply);
-            }
-        }
-        let mut q = self.0.read::<sqlx::Sqlite, _>(key.to_owned());
-        let current = q.build_query_scalar().fetch_optional(&mut *conn).await?;
-        self.0.decide(current, &key, target)
+        self.0
+            .transition::<sqlx::Sqlite, _>(conn, key, target)
+            .await
     }
 }
 
@@ -85,12 +80,6 @@ impl SqliteVersionGuard {
         key: &str,
         expected: i64,
     ) -> Result<Cas> {
-        let mut q = self.0.update::<sqlx::Sqlite, _>(key.to_owned(), expected);
-        if q.build().execute(&mut *conn).await?.rows_affected() == 1 {
-            return Ok(Cas::Applied);
-        }
-        let mut q = self.0.read::<sqlx::Sqlite, _>(key.to_owned());
-        let current = q.build_query_scalar().fetch_optional(&mut *conn).await?;
-        self.0.decide(current, &key, expected)
+        self.0.bump::<sqlx::Sqlite, _>(conn, key, expected).await
     }
 }
