@@ -452,7 +452,7 @@ async fn purge(a: PurgeArgs) -> Result<()> {
 }
 
 /// `t` as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc(t: SystemTime) -> String {
+pub(crate) fn utc(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.

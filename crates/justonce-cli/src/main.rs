@@ -2,6 +2,7 @@
 
 mod bench;
 mod bus;
+mod dedup;
 mod demo;
 mod dlq;
 mod lab;
@@ -34,6 +35,9 @@ enum Command {
     /// Dead letters on any transport: list them grouped by failure, show one, replay them
     /// (keeping their ids, so what was applied is not applied again), purge them.
     Dlq(dlq::DlqArgs),
+    /// Dedup state of any store: records per consumer, one key's record and claim, what a
+    /// delivery of a payload would do, a stuck claim freed, the retention purge now.
+    Dedup(dedup::DedupArgs),
     /// One bench run as its own process (used by `bench`).
     #[command(hide = true)]
     BenchRun(bench::BenchRunArgs),
@@ -79,6 +83,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => bench::run(args).await,
             Command::BenchRun(args) => bench::run_child(args).await,
             Command::Dlq(args) => dlq::run(args).await,
+            Command::Dedup(args) => dedup::run(args).await,
         }
     });
     match result {

@@ -23,6 +23,7 @@ mod delivery;
 mod error;
 mod id;
 mod inspect;
+mod inspect_store;
 mod machine;
 pub mod memory;
 mod message;
@@ -39,6 +40,9 @@ pub use delivery::{Delivery, Receipt};
 pub use error::{error_chain, Error, ErrorKind, Result};
 pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
 pub use inspect::{no_such_dead_letter, DeadLetter, Inspect};
+pub use inspect_store::{
+    ClaimRecord, ClaimRecordState, ConsumerRecords, DedupRecord, InspectClaims, InspectStore,
+};
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};

@@ -27,6 +27,11 @@ pub(crate) struct ClaimSql {
     pub(crate) token: String,
     pub(crate) release: String,
     pub(crate) purge: String,
+    /// `crate::inspect`: consumer, message id; columns fingerprint, state, token, ms left on
+    /// the lease, completed at (ms), result as hex, each as text.
+    pub(crate) record: String,
+    /// Releases a claim in progress and raises its token: consumer, message id.
+    pub(crate) force_release: String,
 }
 
 /// What a SQL claim store gives the common algorithm.
@@ -263,6 +268,8 @@ macro_rules! impl_claim_store {
                 $crate::claims::finish_batch(self, items).await
             }
         }
+
+        $crate::inspect::impl_inspect_claims!($store);
     };
 }
 

@@ -69,6 +69,12 @@ pub(crate) trait Conn: Send {
         sql: &'q str,
         args: &[Arg<'q>],
     ) -> Result<ClaimRow, sqlx::Error>;
+    /// Every row, each column as optional text (the SQL casts what is not text).
+    async fn text_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<Vec<Option<String>>>, sqlx::Error>;
     /// Every row as a [`DeadLetterRow`].
     async fn dead_letter_rows<'q>(
         &mut self,
@@ -185,6 +191,17 @@ where
             result: r.try_get(3)?,
             remaining_ms: r.try_get(4)?,
         })
+    }
+
+    async fn text_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<Vec<Option<String>>>, sqlx::Error> {
+        let rows = self.fetch_all(query::<C::Database>(sql, args)).await?;
+        rows.iter()
+            .map(|r| (0..r.len()).map(|i| r.try_get(i)).collect())
+            .collect()
     }
 
     async fn dead_letter_rows<'q>(

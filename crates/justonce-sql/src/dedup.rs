@@ -15,6 +15,7 @@ use justonce_core::{
 };
 
 use crate::conn::{Arg, Conn};
+use crate::inspect::InspectSql;
 
 /// The dedup store's statements. Parameters, in order:
 /// - `lock` (optional, run before `claim` in the same transaction): consumer, message id;
@@ -31,6 +32,8 @@ pub(crate) struct DedupSql {
     pub(crate) purge: String,
     /// A batch's claims in two statements; `None` claims key by key.
     pub(crate) many: Option<ManySql>,
+    /// What tools read (`crate::inspect`).
+    pub(crate) inspect: InspectSql,
 }
 
 /// The statements of `claim_many` for a dedup table with a unique `(consumer, message_id)`
@@ -529,6 +532,8 @@ macro_rules! impl_dedup_store {
                 $crate::dedup::purge(self, retention, batch).await
             }
         }
+
+        $crate::inspect::impl_inspect_store!($store);
     };
 }
 

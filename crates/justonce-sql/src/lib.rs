@@ -31,6 +31,7 @@ mod claims;
 mod conn;
 mod dedup;
 mod guard;
+mod inspect;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;

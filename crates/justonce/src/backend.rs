@@ -21,7 +21,10 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::{redact_url, Error, Inspect, Publisher, Result, Source, TransactionalAck};
+use justonce_core::{
+    redact_url, Error, Inspect, InspectClaims, InspectStore, Publisher, Result, Source,
+    TransactionalAck,
+};
 
 /// Every transport scheme, with its feature: for the error that lists them.
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
@@ -241,6 +244,79 @@ impl TransportOptions {
         self.amqp = Some(amqp);
         self
     }
+}
+
+/// The dedup records of the store at `url`, in its table `dedup_table`, for tools
+/// (`justonce dedup`). A SQLite file that does not exist is an error, not a new file.
+#[allow(unused_variables)]
+pub async fn inspect_store(url: &str, dedup_table: &str) -> Result<Arc<dyn InspectStore>> {
+    match StoreKind::from_url(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => {
+            sqlite_file_exists(url)?;
+            let o = justonce_sql::SqliteStoreOptions::default().dedup_table(dedup_table);
+            Ok(Arc::new(
+                justonce_sql::SqliteStore::open_with(url, o).await?,
+            ))
+        }
+        #[cfg(feature = "postgres")]
+        StoreKind::Postgres => {
+            let o = justonce_sql::PgStoreOptions::default().dedup_table(dedup_table);
+            Ok(Arc::new(justonce_sql::PgStore::open_with(url, o).await?))
+        }
+        #[cfg(feature = "mysql")]
+        StoreKind::MySql => {
+            let o = justonce_sql::MySqlStoreOptions::default().dedup_table(dedup_table);
+            Ok(Arc::new(justonce_sql::MySqlStore::open_with(url, o).await?))
+        }
+        #[allow(unreachable_patterns)]
+        kind => Err(Error::config(format!(
+            "the {} store needs justonce's `{}` feature",
+            kind.as_str(),
+            kind.feature()
+        ))),
+    }
+}
+
+/// The claims of the claim store at `url` (its table `table`; on SQLite a file of its own,
+/// table `jo_claims`), for tools.
+#[allow(unused_variables)]
+pub async fn inspect_claims(url: &str, table: &str) -> Result<Arc<dyn InspectClaims>> {
+    match StoreKind::from_url(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => {
+            sqlite_file_exists(url)?;
+            Ok(Arc::new(justonce_sql::SqliteClaimStore::open(url).await?))
+        }
+        #[cfg(feature = "postgres")]
+        StoreKind::Postgres => Ok(Arc::new(
+            justonce_sql::PgClaimStore::open(url, table).await?,
+        )),
+        #[cfg(feature = "mysql")]
+        StoreKind::MySql => Ok(Arc::new(
+            justonce_sql::MySqlClaimStore::open(url, table).await?,
+        )),
+        #[allow(unreachable_patterns)]
+        kind => Err(Error::config(format!(
+            "the {} store needs justonce's `{}` feature",
+            kind.as_str(),
+            kind.feature()
+        ))),
+    }
+}
+
+/// A tool's SQLite URL must name a file that exists: opening would create it.
+#[cfg(feature = "sqlite")]
+fn sqlite_file_exists(url: &str) -> Result<()> {
+    let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" || std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    Err(Error::config(format!(
+        "{} does not exist: give the file the consumer writes to",
+        redact_url(url)
+    )))
 }
 
 /// An open transport, as trait objects: where deliveries come from (when opened to

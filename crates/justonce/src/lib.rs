@@ -95,10 +95,11 @@ pub use consumer::{
 };
 pub use justonce_core::{
     canonical_json, error_chain, failure_group, memory, redact_url, validate_identifier, Cas,
-    Claim, ClaimState, ClaimStore, DeadLetter, DeadLetterEntry, DeadLetterReason, DedupKey,
-    DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff, FailureGroup,
-    Fingerprint, Headers, IdStrategy, Inspect, Message, MessageId, Publisher, Receipt, Replay,
-    Result, Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    Claim, ClaimRecord, ClaimRecordState, ClaimState, ClaimStore, ConsumerRecords, DeadLetter,
+    DeadLetterEntry, DeadLetterReason, DedupKey, DedupRecord, DedupStore, Delivery, Disposition,
+    Error, ErrorKind, ExponentialBackoff, FailureGroup, Fingerprint, Headers, IdStrategy, Inspect,
+    InspectClaims, InspectStore, Message, MessageId, Publisher, Receipt, Replay, Result, Semantics,
+    Source, StateMachine, Store, TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 

@@ -75,6 +75,16 @@ impl MySqlClaimStore {
             purge: format!(
                 "DELETE FROM {t} WHERE state = 'completed' AND completed_at < NOW(6) - {ms} LIMIT ?"
             ),
+            record: format!(
+                "SELECT fingerprint, state, CAST(token AS CHAR),
+                        CAST(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_until) DIV 1000 AS SIGNED) AS CHAR),
+                        CAST(CAST(UNIX_TIMESTAMP(completed_at) * 1000 AS SIGNED) AS CHAR), HEX(result)
+                 FROM {t} {key}"
+            ),
+            force_release: format!(
+                "UPDATE {t} SET state = 'released', token = token + 1, lease_until = NULL
+                 {key} AND state = 'in_progress'"
+            ),
         };
         Ok(MySqlClaimStore {
             pool,

@@ -5,6 +5,7 @@ use sqlx::{MySql, MySqlPool};
 
 use super::connect;
 use crate::dedup::{impl_dedup_store, DedupBackend, DedupSql};
+use crate::inspect::InspectSql;
 
 /// The transaction a handler on a [`MySqlStore`] receives: write through `&mut **tx`.
 pub type MySqlTx = sqlx::Transaction<'static, MySql>;
@@ -88,6 +89,13 @@ impl MySqlStore {
             ),
             // MariaDB has no INSERT … RETURNING that skips duplicates: key by key.
             many: None,
+            inspect: InspectSql::new(
+                t,
+                "CAST(UNIX_TIMESTAMP(processed_at) * 1000 AS SIGNED)",
+                // A `utf8mb4_bin` column reads back as bytes; converted, as text.
+                "CONVERT({} USING utf8mb4)",
+                ["?", "?"],
+            ),
         };
         Ok(MySqlStore {
             pool,

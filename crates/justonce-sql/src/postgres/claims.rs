@@ -79,6 +79,17 @@ impl PgClaimStore {
                      SELECT ctid FROM {t} WHERE state = 'completed'
                      AND completed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
             ),
+            record: format!(
+                "SELECT fingerprint, state, token::text,
+                        ((EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint)::text,
+                        ((EXTRACT(EPOCH FROM completed_at) * 1000)::bigint)::text,
+                        encode(result, 'hex')
+                 FROM {t} WHERE consumer = $1 AND message_id = $2"
+            ),
+            force_release: format!(
+                "UPDATE {t} SET state = 'released', token = token + 1, lease_until = NULL
+                 WHERE consumer = $1 AND message_id = $2 AND state = 'in_progress'"
+            ),
         };
         Ok(PgClaimStore {
             pool,

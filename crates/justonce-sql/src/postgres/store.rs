@@ -10,6 +10,7 @@ use super::{connect, connect_with, create, MS};
 use crate::dedup::{
     claimed_on_begin, impl_dedup_store, lock_order, DedupBackend, DedupSql, ManyOrder, ManySql,
 };
+use crate::inspect::InspectSql;
 
 /// The claim every connection of a non-partitioned store prepares (`begin_with_claim`).
 const FOLDED_CLAIM: &str = "justonce_claim";
@@ -147,6 +148,7 @@ impl PgStore {
                 purge: String::new(),
                 // Uniqueness across partitions is the advisory lock's: key by key.
                 many: None,
+                inspect: pg_inspect(t),
             }
         } else {
             DedupSql {
@@ -163,6 +165,7 @@ impl PgStore {
                          SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1 * {MS} LIMIT $2)"
                 ),
                 many: Some(ManySql::new(t, ("", String::new()), ManyOrder::Arrays)),
+                inspect: pg_inspect(t),
             }
         };
         // Every connection of the store's pool prepares the claim that rides on `BEGIN`
@@ -456,4 +459,10 @@ fn arrays<'a>(keys: &[(&'a MessageId, Fingerprint)]) -> (Vec<&'a str>, Vec<Strin
 /// (a bound parameter fails on it the same way).
 fn literal(s: &str) -> String {
     format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The statements tools read the dedup table `t` with.
+fn pg_inspect(t: &str) -> InspectSql {
+    let ms = "(EXTRACT(EPOCH FROM processed_at) * 1000)::bigint";
+    InspectSql::new(t, ms, "({})::text", ["$1", "$2"])
 }

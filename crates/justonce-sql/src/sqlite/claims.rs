@@ -76,6 +76,16 @@ impl SqliteClaimStore {
                      SELECT consumer, message_id FROM jo_claims
                      WHERE state = 'completed' AND completed_at < {NOW_MS} - ? LIMIT ?)"
             ),
+            record: format!(
+                "SELECT fingerprint, state, CAST(token AS TEXT), CAST(lease_until - {NOW_MS} AS TEXT),
+                        CAST(completed_at AS TEXT),
+                        CASE WHEN result IS NULL THEN NULL ELSE hex(result) END
+                 FROM jo_claims {key}"
+            ),
+            force_release: format!(
+                "UPDATE jo_claims SET state = 'released', token = token + 1, lease_until = NULL
+                 {key} AND state = 'in_progress'"
+            ),
         };
         Ok(SqliteClaimStore {
             pool,

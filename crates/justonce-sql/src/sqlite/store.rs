@@ -9,6 +9,7 @@ use super::{connect, NOW_MS};
 use crate::dedup::{
     claimed_on_begin, impl_dedup_store, DedupBackend, DedupSql, ManyOrder, ManySql,
 };
+use crate::inspect::InspectSql;
 
 /// The transaction a handler on a [`SqliteStore`] receives: write through `&mut **tx`.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -139,6 +140,7 @@ impl SqliteStore {
                 (", processed_at", format!(", {NOW_MS}")),
                 ManyOrder::StatementRollback,
             )),
+            inspect: InspectSql::new(table, "processed_at", "CAST({} AS TEXT)", ["?", "?"]),
         };
         Ok(SqliteStore {
             pool,

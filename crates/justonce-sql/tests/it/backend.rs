@@ -67,6 +67,20 @@ macro_rules! backend_tests {
         }
 
         #[tokio::test]
+        async fn tools_read_records_and_free_stuck_claims() {
+            let Some(url) = url() else { return };
+            let mut opts = $options::default();
+            opts.dedup_table = unique("jo_dedup_i");
+            let table = opts.dedup_table.clone();
+            let store = $store::open_with(&url, opts).await.unwrap();
+            crate::inspect::dedup_records_read_back(&store, &table).await;
+            let claims_table = unique("jo_claims_i");
+            let claims = $claims::open(&url, &claims_table).await.unwrap();
+            crate::inspect::a_forced_release_fences_the_holder(&claims, &claims_table).await;
+            drop_tables(&store, &[&table, &claims_table]).await;
+        }
+
+        #[tokio::test]
         async fn unique_violations_are_classified() {
             let Some(url) = url() else { return };
             let store = $store::open(&url).await.unwrap();

@@ -3,6 +3,7 @@
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod backend;
+mod inspect;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

@@ -480,3 +480,14 @@ async fn an_earlier_dedup_table_loses_its_time_index_and_keeps_its_records() {
         .unwrap();
     assert_eq!(records, 1);
 }
+
+#[tokio::test]
+async fn tools_read_records_and_free_stuck_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    crate::inspect::dedup_records_read_back(&store, "sqlite").await;
+    let claims = justonce_sql::SqliteClaimStore::open(&url(&dir, "c.db"))
+        .await
+        .unwrap();
+    crate::inspect::a_forced_release_fences_the_holder(&claims, "sqlite").await;
+}
