@@ -1,31 +1,17 @@
 //! `justonce dedup` on the embedded SQLite store: records per consumer, one key, what a
 //! delivery would do, a stuck claim freed, the purge; a missing file is an error.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use crate::tool::json;
 use justonce::sql::{SqliteClaimStore, SqliteStore};
 use justonce::{
     Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Fingerprint, MessageId, Store,
 };
-use serde_json::Value;
 
 fn dedup(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .arg("dedup")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::tool::run("dedup", args)
 }
 
 #[tokio::test]

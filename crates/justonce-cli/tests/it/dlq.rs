@@ -1,29 +1,15 @@
 //! `justonce dlq` on the embedded SQLite queue: dead letters listed by failure, shown,
 //! replayed (a dry run first), purged; bad input moves nothing.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use crate::tool::json;
 use justonce::sql::SqliteQueue;
 use justonce::{DeadLetterReason, Message, Publisher, Source};
-use serde_json::Value;
 
 fn dlq(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .arg("dlq")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::tool::run("dlq", args)
 }
 
 fn stderr(out: &Output) -> String {

@@ -1,4 +1,5 @@
-//! Tests of the `justonce` binary: the demo's contract, real process kills, and the lab.
+//! Tests of the `justonce` binary: the demo's contract, real process kills, the lab, and
+//! the operator's tools.
 
 mod bench;
 mod dedup;
@@ -6,3 +7,4 @@ mod demo;
 mod dlq;
 mod kill;
 mod lab;
+mod tool;
