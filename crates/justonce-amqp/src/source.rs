@@ -342,6 +342,10 @@ impl Source for AmqpSource {
         &self.inner.opts.queue
     }
 
+    fn system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut rx = self.inner.rx.lock().await;

@@ -96,13 +96,26 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Logs to stderr, filtered by `JUSTONCE_LOG`; as one JSON object per line when
+/// `JUSTONCE_LOG_FORMAT=json`, for log pipelines: each event with the spans it is in, and a
+/// line when a span closes, so `JUSTONCE_LOG=justonce=info` gives one line per batch with
+/// what it came to (and `debug`, one per delivery with its outcome).
 fn init_tracing(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_env("JUSTONCE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match std::env::var("JUSTONCE_LOG_FORMAT").as_deref() {
+        Ok("json") => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .try_init(),
+        _ => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }

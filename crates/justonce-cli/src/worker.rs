@@ -221,6 +221,10 @@ impl<B: Bank> Source for Audited<B> {
         self.inner.queue()
     }
 
+    fn system(&self) -> &'static str {
+        self.inner.system()
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> justonce::Result<Vec<Delivery>> {
         let got = self.inner.receive(max, wait).await?;
         if !got.is_empty() {

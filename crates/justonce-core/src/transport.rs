@@ -14,6 +14,13 @@ pub trait Source: Send + Sync {
     /// The queue's name, recorded with dead letters.
     fn queue(&self) -> &str;
 
+    /// The messaging system, as OpenTelemetry's `messaging.system` names it where it has a
+    /// name (`rabbitmq`), else the transport's (`sqlite`, `postgresql`): for the runtime's
+    /// spans and metrics.
+    fn system(&self) -> &'static str {
+        "unknown"
+    }
+
     /// Up to `max` deliveries. Waits at most `wait` for the first one; returns an empty
     /// vector when none arrived in that time. Each delivery is leased to this caller until
     /// it is settled or its lease runs out, when the transport delivers it again.
@@ -91,6 +98,11 @@ impl<T: Source + ?Sized> Source for std::sync::Arc<T> {
     fn queue(&self) -> &str {
         (**self).queue()
     }
+
+    fn system(&self) -> &'static str {
+        (**self).system()
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         (**self).receive(max, wait).await
     }

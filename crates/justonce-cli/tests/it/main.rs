@@ -7,4 +7,5 @@ mod demo;
 mod dlq;
 mod kill;
 mod lab;
+mod logs;
 mod tool;

@@ -156,6 +156,10 @@ impl Source for MemoryQueue {
         &self.name
     }
 
+    fn system(&self) -> &'static str {
+        "memory"
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let deadline = Instant::now() + wait;
         loop {

@@ -351,6 +351,10 @@ impl Source for PgQueue {
         &self.queue
     }
 
+    fn system(&self) -> &'static str {
+        "postgresql"
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let deadline = Instant::now() + wait;
         loop {

@@ -269,6 +269,10 @@ impl Source for SqliteQueue {
         &self.queue
     }
 
+    fn system(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
         let deadline = Instant::now() + wait;
         loop {

@@ -3,7 +3,7 @@
 //! finish the claims, settle. The fault points sit between the steps.
 
 use justonce_core::{ClaimStore, DedupStore, Delivery, Error, ErrorKind, Result, Semantics};
-use tracing::debug;
+use tracing::{debug, field, info_span, Instrument};
 
 use super::{decide, BatchReport, FaultPoint, Handler, Idempotency, Inner, Settle, Slot};
 
@@ -37,7 +37,43 @@ where
         }
     }
 
+    /// [`Inner::process_batch`] in a span named after OpenTelemetry's messaging
+    /// conventions, which records what the batch came to.
     pub(super) async fn process(&self, batch: &[Delivery]) -> Result<BatchReport> {
+        let span = info_span!(
+            "justonce.batch",
+            messaging.system = self.source.system(),
+            messaging.destination.name = self.source.queue(),
+            messaging.consumer.group.name = self.opts.name.as_str(),
+            messaging.batch.message_count = batch.len(),
+            handled = field::Empty,
+            acked = field::Empty,
+            duplicates = field::Empty,
+            retried = field::Empty,
+            dead_lettered = field::Empty,
+            released = field::Empty,
+            crashed = field::Empty,
+            error = field::Empty,
+        );
+        let result = self.process_batch(batch).instrument(span.clone()).await;
+        match &result {
+            Ok(r) => {
+                span.record("handled", r.handled);
+                span.record("acked", r.acked);
+                span.record("duplicates", r.duplicates);
+                span.record("retried", r.retried);
+                span.record("dead_lettered", r.dead_lettered);
+                span.record("released", r.released);
+                span.record("crashed", r.crashed);
+            }
+            Err(e) => {
+                span.record("error", field::display(e.to_chain_string()));
+            }
+        }
+        result
+    }
+
+    async fn process_batch(&self, batch: &[Delivery]) -> Result<BatchReport> {
         let claims = if self.effectively_once(Idempotency::Claim) {
             Some(self.claims.as_deref().ok_or_else(|| {
                 Error::config("idempotency Claim needs a claim store: call Consumer::with_claims")

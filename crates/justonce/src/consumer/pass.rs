@@ -8,6 +8,7 @@ use justonce_core::{
     Claim, DedupKey, DedupStore, Delivery, Disposition, Error, ErrorKind, Message, MessageId,
     Result,
 };
+use tracing::Instrument;
 
 use super::{BatchReport, Context, Handler, Idempotency, Inner, Settle, Slot};
 
@@ -165,7 +166,24 @@ where
     ) -> Result<Disposition> {
         report.handled += 1;
         let cx = self.context(d, slot);
-        let outcome = self.handler.handle(&cx, tx).await;
+        let span = tracing::debug_span!(
+            "justonce.delivery",
+            messaging.message.id = slot.id.as_ref().map(|i| i.as_str()),
+            attempt = d.attempt,
+            outcome = tracing::field::Empty,
+        );
+        let outcome = self.handler.handle(&cx, tx).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &outcome {
+                Ok(Disposition::Ok) => "ok",
+                Ok(Disposition::Duplicate) => "duplicate",
+                Ok(Disposition::Retry { .. }) => "retry",
+                Ok(Disposition::DeadLetter { .. }) => "dead_letter",
+                Err(e) if e.kind().is_message_fault() => "error",
+                Err(_) => "batch_error",
+            },
+        );
         *result = cx.take_result();
         Ok(match outcome {
             Ok(disposition) => disposition,
