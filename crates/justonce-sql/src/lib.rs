@@ -32,6 +32,7 @@ mod conn;
 mod dedup;
 mod guard;
 mod inspect;
+mod many;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;

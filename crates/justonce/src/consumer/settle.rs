@@ -81,7 +81,7 @@ where
                 Settle::DeadLetter(error) => {
                     report.dead_lettered += 1;
                     let reason = decide::reason(&self.opts, self.source.queue(), d, error);
-                    warn!(consumer = %self.opts.name, id = ?d.message.id().map(|i| i.as_str()), %reason, "dead-lettered");
+                    warn!(consumer = %self.opts.name, id = d.message.id().map_or("(none)", |i| i.as_str()), %reason, "dead-lettered");
                     self.source.dead_letter(d, &reason).await?;
                 }
                 Settle::Release => released.push(&d.receipt),
