@@ -176,8 +176,30 @@ where
     Ok(chosen.len() as u64)
 }
 
+/// Fails unless the database holds `queue`, before anything is created in it: a database
+/// without the queue tables holds none.
+pub(crate) async fn must_hold<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &DeadLetterSql,
+    queue: &str,
+    url: &str,
+) -> Result<()>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    let queues = match queue_names(pool, sql).await {
+        Ok(q) => q,
+        Err(e) if e.kind() == justonce_core::ErrorKind::Schema => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    if queues.iter().any(|q| q == queue) {
+        return Ok(());
+    }
+    Err(no_such_queue(queue, url, &queues))
+}
+
 /// The error of a queue the database does not hold, when it must not be created.
-pub(crate) fn no_such_queue(queue: &str, url: &str, queues: &[String]) -> Error {
+fn no_such_queue(queue: &str, url: &str, queues: &[String]) -> Error {
     Error::config(format!(
         "no queue {queue} in {} (its queues: {})",
         justonce_core::redact_url(url),

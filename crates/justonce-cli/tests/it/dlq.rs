@@ -142,6 +142,23 @@ async fn bad_input_is_a_clear_error_and_moves_nothing() {
         stderr(&again).contains("no queue nope"),
         "the failed open made no queue"
     );
+    let typo = dir.path().join("typo.db");
+    let missing = dlq(&["list", "--transport", &format!("sqlite:{}", typo.display())]);
+    assert!(!missing.status.success());
+    assert!(!typo.exists(), "a mistyped file is not created");
+    let app = dir.path().join("app.db");
+    std::fs::write(&app, b"").unwrap();
+    let bare = dlq(&["list", "--transport", &format!("sqlite:{}", app.display())]);
+    assert!(
+        stderr(&bare).contains("no queue orders") && stderr(&bare).contains("none"),
+        "{}",
+        stderr(&bare)
+    );
+    let bytes = std::fs::read(&app).unwrap();
+    assert!(
+        !bytes.windows(8).any(|w| w == b"jo_queue"),
+        "no queue tables made in it"
+    );
 
     let t = ["--transport", url.as_str(), "--queue", "orders"];
     let nowhere = dlq(&[&["replay", "--all", "--to", "elsewhere"][..], &t].concat());

@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use justonce_core::{
-    redact_url, DeadLetterReason, Delivery, Error, ErrorKind, Message, MessageId, Publisher,
-    Receipt, Result, Source, TransactionalAck,
+    redact_url, DeadLetterEntry, DeadLetterReason, Delivery, Error, ErrorKind, Message, MessageId,
+    Publisher, Receipt, Replay, Result, Source, TransactionalAck,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
@@ -15,10 +15,9 @@ use tracing::{debug, warn};
 
 use super::{connect, create, PgTx, MS};
 use crate::queue::{
-    dead_letter_entries, message_from_row, move_dead_letters, no_such_queue, queue_names,
-    DeadLetter, DeadLetterSql, QueueStats,
+    dead_letter_entries, message_from_row, move_dead_letters, must_hold, DeadLetter, DeadLetterSql,
+    QueueStats,
 };
-use justonce_core::{DeadLetterEntry, Replay};
 
 /// The channel publishes notify on; the payload is the queue's name.
 const CHANNEL: &str = "jo_queue";
@@ -152,13 +151,10 @@ impl PgQueue {
             return Err(Error::config("queue name is empty"));
         }
         let pool = connect(url, opts.max_connections).await?;
-        create(&pool, &schema()).await?;
         if !opts.create {
-            let queues = queue_names(&pool, &dead_letter_sql()).await?;
-            if !queues.iter().any(|q| q == queue) {
-                return Err(no_such_queue(queue, url, &queues));
-            }
+            must_hold(&pool, &dead_letter_sql(), queue, url).await?;
         }
+        create(&pool, &schema()).await?;
         sqlx::query("INSERT INTO jo_queue_stats (queue) VALUES ($1) ON CONFLICT DO NOTHING")
             .bind(queue)
             .execute(&pool)

@@ -46,7 +46,7 @@ pub struct SqliteClaimStore {
 impl SqliteClaimStore {
     /// Opens (creating if needed) the claims table `jo_claims` in the SQLite file at `url`.
     pub async fn open(url: &str) -> Result<Self> {
-        let pool = connect(url, true, 4, false).await?;
+        let pool = connect(url, true, 4, false, true).await?;
         sqlx::raw_sql(SCHEMA).execute(&pool).await?;
         let key = "WHERE consumer = ? AND message_id = ?";
         let sql = ClaimSql {

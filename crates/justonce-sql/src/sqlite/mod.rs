@@ -21,7 +21,8 @@ pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 /// Leases and retention use it, never the worker's clock (contract 3 in ARCHITECTURE.md).
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
-/// Opens a pool on a `sqlite:PATH` URL: WAL, `synchronous=FULL` unless `durable` is false.
+/// Opens a pool on a `sqlite:PATH` URL: WAL, `synchronous=FULL` unless `durable` is false;
+/// the file is created if missing unless `create` is false.
 ///
 /// `temp_in_memory` keeps the connections' temporary files in memory (`temp_store =
 /// MEMORY`); the queue wants it: its receive rewrites a batch of rows in one statement,
@@ -41,6 +42,7 @@ async fn connect(
     durable: bool,
     max_connections: u32,
     temp_in_memory: bool,
+    create: bool,
 ) -> Result<SqlitePool> {
     if !url.starts_with("sqlite:") {
         let url = redact_url(url);
@@ -56,7 +58,7 @@ async fn connect(
                 e,
             )
         })?
-        .create_if_missing(true)
+        .create_if_missing(create)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(if durable {
             SqliteSynchronous::Full

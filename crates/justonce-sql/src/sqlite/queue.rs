@@ -3,7 +3,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use justonce_core::{
-    DeadLetterReason, Delivery, Error, Message, MessageId, Publisher, Receipt, Result, Source,
+    DeadLetterEntry, DeadLetterReason, Delivery, Error, Message, MessageId, Publisher, Receipt,
+    Replay, Result, Source,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::Notify;
@@ -11,10 +12,9 @@ use tokio::time::Instant;
 
 use super::{connect, NOW_MS};
 use crate::queue::{
-    dead_letter_entries, message_from_row, move_dead_letters, no_such_queue, queue_names,
-    DeadLetter, DeadLetterSql, QueueStats,
+    dead_letter_entries, message_from_row, move_dead_letters, must_hold, DeadLetter, DeadLetterSql,
+    QueueStats,
 };
-use justonce_core::{DeadLetterEntry, Replay};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jo_queue (
@@ -134,14 +134,11 @@ impl SqliteQueue {
         if queue.is_empty() {
             return Err(Error::config("queue name is empty"));
         }
-        let pool = connect(url, opts.durable, opts.max_connections, true).await?;
-        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        let pool = connect(url, opts.durable, opts.max_connections, true, opts.create).await?;
         if !opts.create {
-            let queues = queue_names(&pool, &dead_letter_sql()).await?;
-            if !queues.iter().any(|q| q == queue) {
-                return Err(no_such_queue(queue, url, &queues));
-            }
+            must_hold(&pool, &dead_letter_sql(), queue, url).await?;
         }
+        sqlx::raw_sql(SCHEMA).execute(&pool).await?;
         sqlx::query("INSERT INTO jo_queue_stats (queue) VALUES (?) ON CONFLICT (queue) DO NOTHING")
             .bind(queue)
             .execute(&pool)

@@ -122,7 +122,7 @@ impl SqliteStore {
     pub async fn open_with(url: &str, opts: SqliteStoreOptions) -> Result<Self> {
         let table = &opts.dedup_table;
         validate_identifier(table)?;
-        let pool = connect(url, true, opts.max_connections, false).await?;
+        let pool = connect(url, true, opts.max_connections, false, true).await?;
         sqlx::raw_sql(&schema(table)).execute(&pool).await?;
         let sql = DedupSql {
             lock: None,
