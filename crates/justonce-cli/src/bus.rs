@@ -149,6 +149,11 @@ impl Bus {
         self.transport.source()
     }
 
+    /// What tools read of the transport: pending messages, dead letters.
+    pub(crate) fn inspect(&self) -> Arc<dyn justonce::Inspect> {
+        self.transport.inspect()
+    }
+
     /// The ack in the store's transaction, when the queue is in the store's database.
     pub(crate) fn transactional_ack<Tx: 'static>(&self) -> Option<Arc<dyn TransactionalAck<Tx>>> {
         self.transport.transactional_ack()

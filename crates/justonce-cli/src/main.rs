@@ -8,6 +8,7 @@ mod dlq;
 mod lab;
 mod orders;
 mod publish;
+mod serve;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -41,8 +42,8 @@ enum Command {
     /// One bench run as its own process (used by `bench`).
     #[command(hide = true)]
     BenchRun(bench::BenchRunArgs),
-    /// Run the order/payment consumer as its own process (used by tests and the lab).
-    #[command(hide = true)]
+    /// The demo's payment consumer as a process of its own (the lab's workers), with
+    /// Prometheus metrics and health probes on `--metrics-addr`.
     Worker(worker::WorkerArgs),
     /// Publish the demo's orders as a process of its own (used by the lab).
     #[command(hide = true)]

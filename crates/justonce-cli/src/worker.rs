@@ -70,6 +70,14 @@ pub(crate) struct WorkerArgs {
     /// a new, empty one.
     #[arg(long)]
     no_setup: bool,
+    /// Serve Prometheus metrics on `/metrics`, and `/healthz` and `/readyz`, at this address
+    /// (port 0: any free port, printed on stderr).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// With --metrics-addr: read the dead-letter and dedup-record gauges from the transport
+    /// and the store this often, in seconds (0: never).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    metrics_poll_secs: u64,
     #[command(flatten)]
     topology: crate::bus::Topology,
 }
@@ -95,6 +103,7 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     )
     .await?;
     let tables = Tables::new(&args.tables)?;
+    let dedup_table = tables.dedup.clone();
     let store = B::open(&args.store, &tables).await?;
     if !args.no_setup {
         store.setup(&tables, &[]).await?;
@@ -129,6 +138,20 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     }
     if let Some(hook) = PauseHook::from_env()? {
         consumer = consumer.with_fault_hook(Arc::new(hook));
+    }
+    if let Some(addr) = args.metrics_addr {
+        // The consumer registers its instruments at its first batch: after this.
+        let health = consumer.health();
+        crate::serve::serve(addr, Arc::new(move || health.ready())).await?;
+        if args.metrics_poll_secs > 0 {
+            let store = justonce::backend::inspect_store(&args.store, &dedup_table).await?;
+            crate::serve::poll_gauges(
+                Duration::from_secs(args.metrics_poll_secs),
+                args.queue.clone(),
+                queue.inspect(),
+                store,
+            );
+        }
     }
     let drained = {
         let queue = queue.clone();

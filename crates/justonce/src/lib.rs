@@ -91,7 +91,7 @@ pub use async_trait::async_trait;
 pub use consumer::FaultHook;
 pub use consumer::{
     BatchOptions, BatchReport, BreakerOptions, CommitObserver, ConflictPolicy, Consumer,
-    ConsumerOptions, Context, DedupOptions, FaultPoint, Handler, Idempotency, RetryOptions,
+    ConsumerOptions, Context, DedupOptions, FaultPoint, Handler, Health, Idempotency, RetryOptions,
 };
 pub use justonce_core::{
     canonical_json, error_chain, failure_group, memory, redact_url, validate_identifier, Cas,

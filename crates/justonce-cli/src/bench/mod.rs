@@ -123,6 +123,11 @@ pub(crate) struct BenchArgs {
     /// account i mod 10,000 and batches never share one.
     #[arg(long)]
     accounts: Option<i64>,
+    /// Each run serves the metrics of its consumers at this address while it runs
+    /// (`/metrics`, `/healthz`, `/readyz`); the runs take turns. The recorder has a cost of
+    /// its own: leave it off for the numbers.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// One configuration run by a variant.
@@ -306,6 +311,11 @@ async fn child(
         .args(["--accounts", &args.accounts.unwrap_or(0).to_string()])
         .args(args.careful.then_some("--careful"))
         .args(args.unordered.then_some("--unordered"))
+        .args(
+            args.metrics_addr
+                .iter()
+                .flat_map(|a| ["--metrics-addr".to_owned(), a.to_string()]),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -82,6 +82,9 @@ pub(crate) struct BenchRunArgs {
     /// stop when stdin closes, then print the process's CPU time and peak RSS.
     #[arg(long, hide = true)]
     pub(crate) consume: bool,
+    /// Serve the consumers' metrics here while the run lasts.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// What one run measured.
@@ -157,6 +160,10 @@ fn message(
 pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
     if args.batch == 0 || args.concurrency == 0 {
         bail!("--batch and --concurrency must be at least 1");
+    }
+    if let Some(addr) = args.metrics_addr {
+        // A bench run is ready as long as it runs.
+        crate::serve::serve(addr, std::sync::Arc::new(|| Ok(()))).await?;
     }
     if args.consume {
         return match StoreKind::from_url(&args.store)? {

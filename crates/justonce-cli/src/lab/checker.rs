@@ -6,6 +6,8 @@ use std::collections::HashSet;
 
 use justonce::DeadLetter;
 
+use super::scrape::Scraped;
+
 /// What the checker read after the drain.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Findings {
@@ -20,6 +22,63 @@ pub(crate) struct Findings {
     pub(crate) backlog: u64,
     /// With the schema fault: renames, pauses the workers logged, workers that exited.
     pub(crate) schema: Option<(u64, u64, u64)>,
+    /// With `--metrics-addr`: what the workers' metrics said, and what the data says.
+    pub(crate) metrics: Option<Counted>,
+}
+
+/// The workers' metrics beside the data they must agree with.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counted {
+    pub(crate) scraped: Scraped,
+    /// Rows in the ledger.
+    pub(crate) effects: u64,
+    /// Deliveries in the audit table (a lower bound: a worker that cannot write there still
+    /// consumes).
+    pub(crate) deliveries: u64,
+    /// Dead letters on the transport, each copy counted.
+    pub(crate) dead_letters: u64,
+}
+
+/// Where the metrics disagree with the data. Deliveries received but never counted to an
+/// outcome are allowed: a worker killed at a fault point received its batch and never
+/// settled it (its redelivery is counted again). Nothing is held against the data when a
+/// worker died unscraped.
+fn metrics_disagree(c: &Counted) -> Vec<String> {
+    let s = &c.scraped;
+    let mut why = Vec::new();
+    if s.failed_scrapes > 0 {
+        why.push(format!("{} worker scrapes failed", s.failed_scrapes));
+    }
+    if s.unscraped > 0 || s.failed_scrapes > 0 {
+        return why;
+    }
+    if s.applied != c.effects {
+        why.push(format!(
+            "the metrics count {} deliveries applied, the ledger holds {} effects",
+            s.applied, c.effects
+        ));
+    }
+    if s.dead_letter + s.conflict != c.dead_letters {
+        why.push(format!(
+            "the metrics count {} deliveries dead-lettered, the transport holds {} dead letters",
+            s.dead_letter + s.conflict,
+            c.dead_letters
+        ));
+    }
+    if s.received < c.deliveries {
+        why.push(format!(
+            "the metrics count {} deliveries received, fewer than the {} of the audit table",
+            s.received, c.deliveries
+        ));
+    }
+    if s.outcomes() > s.received {
+        why.push(format!(
+            "the metrics count {} outcomes for {} deliveries received",
+            s.outcomes(),
+            s.received
+        ));
+    }
+    why
 }
 
 /// The reasons of the dead letters whose id is not one of the `poison` orders.
@@ -81,6 +140,9 @@ pub(crate) fn why(f: &Findings) -> Vec<String> {
     if f.backlog > 0 {
         why.push(format!("{} messages never drained", f.backlog));
     }
+    if let Some(c) = &f.metrics {
+        why.extend(metrics_disagree(c));
+    }
     why
 }
 
@@ -140,6 +202,49 @@ mod tests {
             why(&f).is_empty(),
             "a schema run that paused and came back passes"
         );
+    }
+
+    #[test]
+    fn metrics_that_disagree_with_the_data_fail_the_run_unless_a_worker_died_unscraped() {
+        let agreeing = Counted {
+            scraped: Scraped {
+                received: 120,
+                redelivered: 20,
+                applied: 100,
+                duplicate: 10,
+                dead_letter: 4,
+                conflict: 1,
+                ..Scraped::default()
+            },
+            effects: 100,
+            deliveries: 120,
+            dead_letters: 5,
+        };
+        let with = |c: &Counted| {
+            let mut f = passing();
+            f.metrics = Some(c.clone());
+            why(&f).join("; ")
+        };
+        assert_eq!(with(&agreeing), "");
+        let mut c = agreeing.clone();
+        c.effects = 101;
+        assert!(with(&c).contains("100 deliveries applied, the ledger holds 101"));
+        let mut c = agreeing.clone();
+        c.dead_letters = 7;
+        assert!(with(&c).contains("5 deliveries dead-lettered, the transport holds 7"));
+        let mut c = agreeing.clone();
+        c.deliveries = 121;
+        assert!(with(&c).contains("fewer than the 121 of the audit table"));
+        let mut c = agreeing.clone();
+        c.scraped.retry = 11;
+        assert!(with(&c).contains("126 outcomes for 120 deliveries"));
+        // A worker killed at a random moment took its counts with it: nothing to hold.
+        let mut c = agreeing;
+        c.effects = 150;
+        c.scraped.unscraped = 1;
+        assert_eq!(with(&c), "");
+        c.scraped.failed_scrapes = 1;
+        assert!(with(&c).contains("1 worker scrapes failed"));
     }
 
     #[test]

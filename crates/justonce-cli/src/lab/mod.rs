@@ -16,6 +16,7 @@ pub(crate) mod protocol;
 mod proxy;
 mod run;
 mod schedule;
+mod scrape;
 mod supervisor;
 
 use std::path::PathBuf;
@@ -133,6 +134,16 @@ pub(crate) struct LabArgs {
     /// Write throughput over time, with each fault marked, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Each worker serves its metrics at this address, port + its slot (port 0: any free
+    /// port); the lab scrapes them before it stops a worker and checks their sums against
+    /// the data (`metrics` in the report).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Leave the run's queue, dead letters and tables where they are (the SQLite default's
+    /// temporary directory too) and say where (`kept` in the report), to look at them with
+    /// `justonce dlq` and `justonce dedup`.
+    #[arg(long)]
+    keep: bool,
     #[command(flatten)]
     topology: crate::bus::Topology,
 }
@@ -160,8 +171,24 @@ pub(crate) struct LabReport {
     pub(crate) schema_pauses: u64,
     /// Workers that exited on their own (and were started again).
     pub(crate) worker_exits: u64,
+    /// With `--metrics-addr`: what the workers' metrics said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) metrics: Option<scrape::Scraped>,
+    /// With `--keep`: where the run's data was left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kept: Option<Kept>,
     pub(crate) verdict: &'static str,
     pub(crate) why: String,
+}
+
+/// Where a run kept its data (`--keep`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Kept {
+    pub(crate) transport: String,
+    pub(crate) queue: String,
+    pub(crate) store: String,
+    /// The dedup table (`--dedup-table` of `justonce dedup`).
+    pub(crate) dedup_table: String,
 }
 
 /// Faults that happened in one run (not planned: done).

@@ -16,8 +16,9 @@ use tokio::sync::mpsc;
 use super::faults::{proxied, SchemaFault};
 use super::plot::Samples;
 use super::proxy::FaultProxy;
+use super::scrape::Scraped;
 use super::supervisor::{tails, wait_ready, Mark, Worker, WorkerSpec};
-use super::{checker, schedule, FaultClass, FaultCounts, LabArgs, LabReport};
+use super::{checker, schedule, FaultClass, FaultCounts, Kept, LabArgs, LabReport};
 use crate::bus::{Bus, Topology};
 use crate::demo::plan::Plan;
 use crate::orders::{Bank, Tables};
@@ -44,6 +45,8 @@ pub(crate) struct Scenario {
     kills: u32,
     lease: Duration,
     topology: Topology,
+    metrics: Option<std::net::SocketAddr>,
+    keep: bool,
 }
 
 impl Scenario {
@@ -98,6 +101,8 @@ impl Scenario {
             kills,
             lease: Duration::from_millis(args.lease_ms),
             topology: args.topology.clone(),
+            metrics: args.metrics_addr,
+            keep: args.keep,
         })
     }
 
@@ -123,6 +128,8 @@ impl Scenario {
             msgs_per_sec: 0.0,
             schema_pauses: 0,
             worker_exits: 0,
+            metrics: None,
+            kept: None,
             verdict: "fail",
             why,
         }
@@ -185,6 +192,7 @@ impl Scenario {
             lease: self.lease,
             topology: self.topology.to_args(),
             schema_pauses: Arc::default(),
+            metrics: self.metrics,
         };
         let schema = SchemaFault {
             url: store_url.clone(),
@@ -250,6 +258,7 @@ impl Scenario {
         let mut last_seen = (u64::MAX, u64::MAX, Instant::now());
         let mut generation = 0u64;
         let mut rounds = 0;
+        let mut scraped = self.metrics.map(|_| Scraped::default());
         let drained_at = loop {
             // A worker at its fault point: kill it there, and start its replacement.
             while let Ok(mark) = marks_rx.try_recv() {
@@ -258,6 +267,9 @@ impl Scenario {
                 };
                 if workers[slot].generation != gen {
                     continue;
+                }
+                if let Some(s) = &mut scraped {
+                    s.add(&workers[slot]).await;
                 }
                 workers[slot].kill().await;
                 counts.kills += 1;
@@ -273,6 +285,9 @@ impl Scenario {
             for (slot, worker) in workers.iter_mut().enumerate() {
                 if let Ok(Some(_)) = worker.child.try_wait() {
                     worker_exits += 1;
+                    if let Some(s) = &mut scraped {
+                        s.unscraped += 1;
+                    }
                     generation += 1;
                     let kill = worker.kill_point.map(|p| (p, rng.u32(1..=3)));
                     *worker = spec.spawn(slot, generation, kill, marks_tx.clone())?;
@@ -308,6 +323,9 @@ impl Scenario {
             let fraction = deliveries as f64 / self.messages as f64;
             if schedule.last().is_some_and(|(at, _)| fraction >= *at) {
                 if let Some((_, event)) = schedule.pop() {
+                    if let (FaultClass::Kill, Some(s)) = (event, &mut scraped) {
+                        s.unscraped += 1;
+                    }
                     let label = event
                         .fire(
                             &mut workers,
@@ -345,6 +363,9 @@ impl Scenario {
             if quiet >= 4 {
                 // Stop the workers gracefully; what they held comes back to the queue.
                 for w in &mut workers {
+                    if let Some(s) = &mut scraped {
+                        s.add(w).await;
+                    }
                     w.terminate().await;
                 }
                 if sink.pending().await.unwrap_or(1) == 0 || rounds >= 10 {
@@ -393,6 +414,12 @@ impl Scenario {
                 schema_pauses,
                 worker_exits,
             )),
+            metrics: scraped.clone().map(|s| checker::Counted {
+                scraped: s,
+                effects: effects.total,
+                deliveries,
+                dead_letters: letters.len() as u64,
+            }),
         });
         if backlog > 0 {
             let tails = tails(&workers);
@@ -410,6 +437,7 @@ impl Scenario {
             msgs_per_sec: self.messages as f64 / elapsed.max(1e-9),
             schema_pauses,
             worker_exits,
+            metrics: scraped,
             verdict: if why.is_empty() { "pass" } else { "fail" },
             why: why.join("; "),
             ..self.failed(String::new())
@@ -417,6 +445,18 @@ impl Scenario {
         if let Some(path) = plot {
             std::fs::write(path, samples.svg(&report))
                 .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        if self.keep {
+            let _ = tmp.keep();
+            return Ok(LabReport {
+                kept: Some(Kept {
+                    transport,
+                    queue,
+                    store: store_url,
+                    dedup_table: tables.dedup.clone(),
+                }),
+                ..report
+            });
         }
         sink.cleanup().await?;
         if self.s_kind != StoreKind::Sqlite {

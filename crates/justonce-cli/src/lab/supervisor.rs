@@ -59,6 +59,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) topology: Vec<String>,
     /// Batches handed back for a schema error, as the workers logged them.
     pub(crate) schema_pauses: Arc<std::sync::atomic::AtomicU64>,
+    /// `--metrics-addr`: where the workers serve their metrics (port + slot).
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 impl WorkerSpec {
@@ -100,6 +102,16 @@ impl WorkerSpec {
             "--no-setup",
         ])
         .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
+        .args(self.metrics.into_iter().flat_map(|base| {
+            let addr = super::scrape::worker_addr(base, slot).to_string();
+            // The lab reads the dead letters itself; the workers leave them alone.
+            [
+                "--metrics-addr".to_owned(),
+                addr,
+                "--metrics-poll-secs".into(),
+                "0".into(),
+            ]
+        }))
         .args(&self.topology)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -119,6 +131,8 @@ impl WorkerSpec {
         let stderr = child.stderr.take().context("worker stderr")?;
         let tail = Arc::new(Mutex::new(Vec::<String>::new()));
         let tail2 = tail.clone();
+        let metrics = Arc::new(Mutex::new(None));
+        let metrics2 = metrics.clone();
         let schema_pauses = self.schema_pauses.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
@@ -133,7 +147,12 @@ impl WorkerSpec {
                     Said::Ready => {
                         let _ = marks.send(Mark::Ready);
                     }
-                    Said::Other => {}
+                    Said::Other => {
+                        if let Some(addr) = line.strip_prefix(crate::serve::LISTENING) {
+                            *metrics2.lock().unwrap_or_else(|e| e.into_inner()) =
+                                addr.trim().parse().ok();
+                        }
+                    }
                 }
                 let mut t = tail2.lock().unwrap_or_else(|e| e.into_inner());
                 t.push(line);
@@ -148,6 +167,7 @@ impl WorkerSpec {
             generation,
             kill_point: kill.map(|(p, _)| p),
             tail,
+            metrics,
         })
     }
 }
@@ -172,6 +192,8 @@ pub(crate) struct Worker {
     pub(crate) generation: u64,
     pub(crate) kill_point: Option<FaultPoint>,
     tail: Arc<Mutex<Vec<String>>>,
+    /// Where it serves its metrics, once it has said so.
+    metrics: Arc<Mutex<Option<std::net::SocketAddr>>>,
 }
 
 impl Worker {
@@ -183,6 +205,10 @@ impl Worker {
             self.pid().map_or("exited".into(), |p| p.to_string()),
             t.join("\n    ")
         )
+    }
+
+    pub(crate) fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        *self.metrics.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn pid(&self) -> Option<u32> {

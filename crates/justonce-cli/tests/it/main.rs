@@ -8,4 +8,5 @@ mod dlq;
 mod kill;
 mod lab;
 mod logs;
+mod metrics;
 mod tool;

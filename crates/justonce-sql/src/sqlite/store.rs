@@ -266,7 +266,48 @@ impl SqliteStore {
             literal(id.as_str()),
             fp.to_hex()
         );
-        claimed_on_begin(self.pool.begin_with(sql).await)
+        let begun = self.pool.begin_with(sql).await;
+        // Not a stored key, nor a begin that waited in vain for the write lock: the insert
+        // failed inside the transaction its `BEGIN IMMEDIATE` opened.
+        if let Err(e) = &begun {
+            let before_begin = match e {
+                sqlx::Error::Database(d) => {
+                    d.is_unique_violation() || matches!(d.code().as_deref(), Some("5" | "6"))
+                }
+                _ => true,
+            };
+            if !before_begin {
+                self.unstick().await;
+            }
+        }
+        claimed_on_begin(begun)
+    }
+
+    /// After a `BEGIN IMMEDIATE; INSERT …` whose insert failed for another reason than a
+    /// stored key (its table renamed away by a deploy mistake): the `BEGIN` ran, yet sqlx
+    /// counts no transaction and never rolls it back, so the connection would hold the
+    /// write lock until the process ends, every other writer would wait, and the consumer
+    /// would not recover when the table is back. Once the connection is back in the pool
+    /// (sqlx returns it in a task of its own), roll back every idle connection: on one
+    /// outside a transaction `ROLLBACK` fails harmlessly. Gives up after 100 ms.
+    async fn unstick(&self) {
+        for _ in 0..50 {
+            let mut idle = Vec::new();
+            let mut found = false;
+            while let Some(mut conn) = self.pool.try_acquire() {
+                found |= sqlx::Executor::execute(&mut *conn, "ROLLBACK")
+                    .await
+                    .is_ok();
+                idle.push(conn);
+            }
+            drop(idle);
+            if found {
+                tracing::debug!("rolled back the transaction a failed begin left open");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tracing::warn!("a failed begin may have left a transaction open on its connection");
     }
 
     /// The pool: create your business tables and read results through it.

@@ -363,6 +363,44 @@ async fn a_claim_on_begin_leaves_no_transaction_behind_when_the_key_is_stored() 
     assert_eq!(open, 3);
 }
 
+/// A single key's claim whose insert fails for another reason (the dedup table renamed
+/// away: a deploy whose migration is missing) is a schema error, and leaves no
+/// transaction behind either: the write lock is free, other writers go on, and once the
+/// table is back the next claim works. Before the fix the `BEGIN IMMEDIATE` stayed open on
+/// its connection for good, holding the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_begin_whose_table_is_gone_leaves_no_transaction_behind() {
+    use justonce_core::{Claim, DedupStore, MessageId, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    let other = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+    let id = MessageId::new("m-1").unwrap();
+    let m = Message::new("p");
+    let rename = |from: &'static str, to: &'static str| {
+        let pool = other.pool().clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                sqlx::raw_sql(&format!("ALTER TABLE {from} RENAME TO {to}")).execute(&pool),
+            )
+            .await
+            .expect("the write lock is free: nothing waits for a transaction left open")
+            .unwrap();
+        }
+    };
+    rename("jo_dedup", "jo_dedup_away").await;
+    for _ in 0..3 {
+        let Err(err) = store.begin_with_claims("c", &[(&id, &m)]).await else {
+            panic!("a claim without a dedup table");
+        };
+        assert_eq!(err.kind(), ErrorKind::Schema, "{err}");
+    }
+    rename("jo_dedup_away", "jo_dedup").await;
+    let (tx, claims) = store.begin_with_claims("c", &[(&id, &m)]).await.unwrap();
+    assert_eq!(claims, vec![Claim::Fresh]);
+    store.commit(tx).await.unwrap();
+}
+
 /// The purge sweeps the keys window by window: it deletes exactly the records older than
 /// the retention, at most `batch` per call, each call going on where the last stopped. A
 /// finished pass is not read again before the oldest record it left is due; a store opened

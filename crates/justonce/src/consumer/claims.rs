@@ -7,7 +7,7 @@ use justonce_core::{
 };
 use tracing::warn;
 
-use super::{Handler, Inner, Settle, Slot};
+use super::{Fate, Handler, Inner, Settle, Slot};
 
 impl<S, H> Inner<S, H>
 where
@@ -47,11 +47,16 @@ where
         for ((i, state), fp) in wanted.into_iter().zip(states).zip(fps) {
             let d = &batch[i];
             match state {
-                ClaimState::Acquired { token } => slots[i].token = Some(token),
+                ClaimState::Acquired { token } => {
+                    slots[i].token = Some(token);
+                    self.instruments().claims_acquired.increment(1);
+                    self.instruments().claims_in_progress.increment(1.0);
+                }
                 // Held by someone else: look again after the backoff (the holder may finish
                 // soon) or when its lease runs out, whichever is first. Not an attempt of
                 // ours, so no attempt limit applies.
                 ClaimState::InProgress { retry_after } => {
+                    self.instruments().claims_held_elsewhere.increment(1);
                     slots[i].settle = Settle::Nack(retry_after.min(self.backoff.delay(d.attempt)))
                 }
                 ClaimState::Completed { result } => {
@@ -62,6 +67,7 @@ where
                 }
                 ClaimState::Conflict { stored } => {
                     if let Some(id) = slots[i].id.clone() {
+                        slots[i].conflict = true;
                         let disposition = self.conflict(&id, stored, fp);
                         self.decide(&mut slots[i], d, disposition);
                     }
@@ -116,11 +122,17 @@ where
             }
         };
         drop(items);
+        let instruments = self.instruments();
+        instruments.claims_in_progress.decrement(which.len() as f64);
         for (i, outcome) in which.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
+                if e.kind() == ErrorKind::Conflict {
+                    instruments.fence_rejections.increment(1);
+                }
                 warn!(error = %e.to_chain_string(), "claim not finished; the delivery is left to its lease");
                 if matches!(slots[i].settle, Settle::Ack { .. }) {
-                    slots[i].settle = Settle::Done;
+                    // Counted as applied at the commit; settled by no one here.
+                    slots[i].settle = Settle::Done(Fate::Applied);
                 }
             }
         }

@@ -8,7 +8,7 @@ use justonce_core::{
 };
 use tracing::warn;
 
-use super::{ConflictPolicy, ConsumerOptions, Handler, Inner, Settle, Slot};
+use super::{ConflictPolicy, ConsumerOptions, Fate, Handler, Inner, Settle, Slot};
 
 /// Bad input is settled before the handler ever sees it; the id is derived here.
 pub(super) fn screen(opts: &ConsumerOptions, d: &Delivery) -> Slot {
@@ -17,6 +17,7 @@ pub(super) fn screen(opts: &ConsumerOptions, d: &Delivery) -> Slot {
         id: None,
         token: None,
         failure: Some(reason),
+        conflict: false,
     };
     let len = d.message.payload().len();
     if len > opts.max_payload_bytes {
@@ -31,6 +32,7 @@ pub(super) fn screen(opts: &ConsumerOptions, d: &Delivery) -> Slot {
             id: Some(id),
             token: None,
             failure: None,
+            conflict: false,
         },
         Ok(None) => dead(format!(
             "invalid input: message has no id (missing or empty under the {} id strategy); \
@@ -74,9 +76,10 @@ fn settle_after(
         Disposition::DeadLetter { reason } => Settle::DeadLetter(reason),
         Disposition::Retry { reason, .. } => {
             warn!(consumer = %opts.name, %reason, "at-most-once: message acked before it failed; it is lost");
-            Settle::Done
+            Settle::Done(Fate::Lost)
         }
-        _ => Settle::Done,
+        Disposition::Duplicate => Settle::Done(Fate::Duplicate),
+        Disposition::Ok => Settle::Done(Fate::Applied),
     }
 }
 
@@ -266,14 +269,14 @@ mod tests {
     fn at_most_once_settles_nothing_but_dead_letters() {
         let opts = ConsumerOptions::new("c").semantics(Semantics::AtMostOnce);
         for (disposition, want) in [
-            (Disposition::Ok, Settle::Done),
-            (Disposition::Duplicate, Settle::Done),
+            (Disposition::Ok, Settle::Done(Fate::Applied)),
+            (Disposition::Duplicate, Settle::Done(Fate::Duplicate)),
             (
                 Disposition::Retry {
                     after: None,
                     reason: "busy".into(),
                 },
-                Settle::Done,
+                Settle::Done(Fate::Lost),
             ),
             (
                 Disposition::dead_letter("bad"),

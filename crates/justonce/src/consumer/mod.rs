@@ -43,8 +43,9 @@ mod options;
 mod pass;
 mod run;
 mod settle;
+mod telemetry;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use justonce_core::{
@@ -65,6 +66,8 @@ pub use observe::CommitObserver;
 pub use options::{
     BatchOptions, ConflictPolicy, ConsumerOptions, DedupOptions, Idempotency, RetryOptions,
 };
+pub use telemetry::Health;
+use telemetry::{Fate, Instruments};
 
 /// A consumer: a [`Source`], a [`DedupStore`] and a [`Handler`] run under
 /// [`ConsumerOptions`].
@@ -98,6 +101,9 @@ struct Inner<S: DedupStore, H> {
     claims: Option<Arc<dyn ClaimStore>>,
     tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
     breaker: Mutex<Breaker>,
+    /// Registered at the first batch, so that a recorder installed before it sees them.
+    instruments: OnceLock<Instruments>,
+    health: Health,
 }
 
 /// What happened to one batch.
@@ -149,6 +155,8 @@ struct Slot {
     token: Option<u64>,
     /// Why the message failed (a retry or a dead letter of its own), for the breaker.
     failure: Option<String>,
+    /// Its id was seen before with another payload (for the metrics' outcome).
+    conflict: bool,
 }
 
 #[derive(Debug, PartialEq)]
@@ -165,8 +173,9 @@ enum Settle {
     DeadLetter(String),
     /// Handed back without counting an attempt: the breaker is open for its failure.
     Release,
-    /// At-most-once: acked before handling, nothing left to do.
-    Done,
+    /// Nothing left to do: at-most-once acked it before handling, or claim mode left it to
+    /// its lease. What became of it, for the metrics.
+    Done(Fate),
 }
 
 impl<S, H> Consumer<S, H>
@@ -222,6 +231,8 @@ where
                 claims: None,
                 tx_ack: None,
                 breaker,
+                instruments: OnceLock::new(),
+                health: Health::default(),
             }),
         })
     }
@@ -301,6 +312,12 @@ where
         Ok(())
     }
 
+    /// Its readiness, for a probe: ready while it runs, no worker pauses after a failed
+    /// batch and the breaker is closed ([`Health::ready`]). Take it before running.
+    pub fn health(&self) -> Health {
+        self.inner.health.clone()
+    }
+
     /// The options.
     pub fn options(&self) -> &ConsumerOptions {
         &self.inner.opts
@@ -313,11 +330,7 @@ where
         if batch.is_empty() {
             return Ok(BatchReport::default());
         }
-        let result = self.inner.process_or_singly(&batch).await;
-        if result.is_err() {
-            self.inner.give_back(&batch).await;
-        }
-        result
+        self.inner.process_or_singly(&batch).await
     }
 
     /// Runs `concurrency` batch loops until `shutdown` resolves, then stops receiving,
@@ -326,6 +339,13 @@ where
     /// what it got goes back to the queue without counting an attempt.
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         self.check_ready()?;
+        self.inner.health.set_running(true);
+        let result = self.run_tasks(shutdown).await;
+        self.inner.health.set_running(false);
+        result
+    }
+
+    async fn run_tasks(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
         for worker in 0..self.inner.opts.batching.concurrency {
@@ -365,6 +385,13 @@ where
     S: DedupStore,
     H: Handler<S::Tx>,
 {
+    /// The consumer's instruments, registered at the first call.
+    pub(super) fn instruments(&self) -> &Instruments {
+        self.instruments.get_or_init(|| {
+            Instruments::register(self.source.system(), self.source.queue(), &self.opts.name)
+        })
+    }
+
     pub(super) fn effectively_once(&self, idempotency: Idempotency) -> bool {
         self.opts.semantics == Semantics::EffectivelyOnce
             && self.opts.dedup.idempotency == idempotency

@@ -73,6 +73,7 @@ where
                 (None, _) => Disposition::dead_letter("invalid input: message has no id"),
                 (Some(_), Some(Some(Claim::Duplicate))) => Disposition::Duplicate,
                 (Some(id), Some(Some(Claim::Conflict { stored }))) => {
+                    slot.conflict = true;
                     self.conflict(id, stored, d.message.fingerprint())
                 }
                 (Some(_), Some(None)) => {
@@ -133,7 +134,7 @@ where
         &self,
         tx: &mut S::Tx,
         d: &Delivery,
-        slot: &Slot,
+        slot: &mut Slot,
         result: &mut Option<Vec<u8>>,
         report: &mut BatchReport,
     ) -> Result<Disposition> {
@@ -149,7 +150,11 @@ where
             match self.store.claim(tx, key, fp).await? {
                 Claim::Fresh => {}
                 Claim::Duplicate => return Ok(Disposition::Duplicate),
-                Claim::Conflict { stored } => return Ok(self.conflict(id, stored, fp)),
+                Claim::Conflict { stored } => {
+                    let disposition = self.conflict(id, stored, fp);
+                    slot.conflict = true;
+                    return Ok(disposition);
+                }
             }
         }
         self.run_handler(tx, d, slot, result, report).await
@@ -172,7 +177,11 @@ where
             attempt = d.attempt,
             outcome = tracing::field::Empty,
         );
+        let started = std::time::Instant::now();
         let outcome = self.handler.handle(&cx, tx).instrument(span.clone()).await;
+        self.instruments()
+            .handler_seconds
+            .record(started.elapsed().as_secs_f64());
         span.record(
             "outcome",
             match &outcome {

@@ -8,7 +8,7 @@ use justonce_core::{DedupStore, Delivery, Receipt, Result};
 use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
-use super::{Handler, Inner};
+use super::{Fate, Handler, Inner};
 
 impl<S, H> Inner<S, H>
 where
@@ -33,6 +33,10 @@ where
         // touching the same rows wait for each other instead of deadlocking. The sort is
         // stable: messages of one key keep their order.
         batch.sort_by_cached_key(|d| self.handler.lock_key(&d.message));
+        let instruments = self.instruments();
+        instruments.received.increment(batch.len() as u64);
+        let again = batch.iter().filter(|d| d.redelivered).count();
+        instruments.redelivered.increment(again as u64);
         Ok(batch)
     }
 
@@ -50,19 +54,15 @@ where
             let batch = self.receive_batch().await;
             if *stop.borrow() {
                 if let Ok(b) = &batch {
+                    self.instruments().outcome(Fate::Released, b.len());
                     self.give_back(b).await;
                 }
                 break;
             }
             let result = match batch {
                 Ok(b) if b.is_empty() => continue,
-                Ok(b) => {
-                    let result = self.process_or_singly(&b).await;
-                    if result.is_err() {
-                        self.give_back(&b).await;
-                    }
-                    result
-                }
+                // A batch that fails is handed back inside.
+                Ok(b) => self.process_or_singly(&b).await,
                 Err(e) => Err(e),
             };
             // A batch that failed, or whose failures the open breaker handed back, is not
@@ -70,12 +70,18 @@ where
             // never stops on its own; only `shutdown` ends it.
             let failed = match result {
                 Ok(report) if report.released == 0 => {
+                    if failures > 0 {
+                        self.pausing(false);
+                    }
                     failures = 0;
                     continue;
                 }
                 Ok(_) => None,
                 Err(e) => Some(e),
             };
+            if failures == 0 {
+                self.pausing(true);
+            }
             failures += 1;
             let pause = self.backoff.delay(failures);
             if let Some(e) = failed {
@@ -92,7 +98,16 @@ where
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+        if failures > 0 {
+            self.pausing(false);
+        }
         Ok(())
+    }
+
+    /// A worker starts or ends its pauses after failed batches: the readiness and the gauge.
+    fn pausing(&self, paused: bool) {
+        let now = self.health.set_paused(paused);
+        self.instruments().workers_paused.set(now as f64);
     }
 
     pub(super) async fn purge_loop(

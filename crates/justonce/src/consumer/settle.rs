@@ -6,7 +6,7 @@ use justonce_core::{DedupStore, Delivery, Receipt, Result, Semantics, Transactio
 use tracing::{error, warn};
 
 use super::breaker::{Change, Outcome};
-use super::{decide, BatchReport, Handler, Inner, Settle, Slot};
+use super::{decide, BatchReport, Fate, Handler, Inner, Settle, Slot};
 
 impl<S, H> Inner<S, H>
 where
@@ -28,7 +28,10 @@ where
         });
         let mut breaker = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
         match breaker.record(tokio::time::Instant::now(), outcomes) {
-            Change::Opened(reason) => error!(
+            Change::Opened(reason) => {
+                self.health.set_breaker_open(true);
+                self.instruments().breaker_open.set(1.0);
+                error!(
                 consumer = %self.opts.name,
                 threshold = self.opts.breaker.threshold,
                 window = ?self.opts.breaker.window,
@@ -37,8 +40,11 @@ where
                  a deploy or configuration mistake rather than bad messages; messages failing \
                  for it are handed back instead of dead-lettered, and the consumer pauses until \
                  a message succeeds"
-            ),
+                )
+            }
             Change::Closed => {
+                self.health.set_breaker_open(false);
+                self.instruments().breaker_open.set(0.0);
                 warn!(consumer = %self.opts.name, "breaker closed: a message succeeded; failures settle as usual again")
             }
             Change::None => {}
@@ -59,6 +65,7 @@ where
         report: &mut BatchReport,
     ) -> Result<()> {
         self.judge(&mut slots);
+        self.count(&slots, false);
         let mut acks = Vec::new();
         let mut released = Vec::new();
         for (d, slot) in batch.iter().zip(slots) {
@@ -85,7 +92,7 @@ where
                     self.source.dead_letter(d, &reason).await?;
                 }
                 Settle::Release => released.push(&d.receipt),
-                Settle::Done | Settle::Pending => {}
+                Settle::Done(_) | Settle::Pending => {}
             }
         }
         if !acks.is_empty() {
@@ -97,6 +104,42 @@ where
             self.source.release(&released).await?;
         }
         Ok(())
+    }
+
+    /// Counts what the batch's deliveries came to: the ones its commit decided (applied,
+    /// acked as duplicates, at-most-once's) right after the commit, so that a crash later
+    /// cannot leave an effect uncounted; the others (retries, dead letters, releases) once
+    /// the breaker has judged them, before they are settled, so that a settlement that fails
+    /// does not change what they were.
+    pub(super) fn count(&self, slots: &[Slot], committed: bool) {
+        let mut counts = [0usize; Fate::ALL.len()];
+        for slot in slots {
+            let fate = match (&slot.settle, committed) {
+                (Settle::Ack { .. } | Settle::AckedInTx { .. } | Settle::Done(_), true)
+                | (Settle::DeadLetter(_), false)
+                    if slot.conflict =>
+                {
+                    Fate::Conflict
+                }
+                (Settle::Ack { duplicate } | Settle::AckedInTx { duplicate }, true) => {
+                    if *duplicate {
+                        Fate::Duplicate
+                    } else {
+                        Fate::Applied
+                    }
+                }
+                (Settle::Done(fate), true) => *fate,
+                (Settle::Nack(_), false) => Fate::Retry,
+                (Settle::DeadLetter(_), false) => Fate::DeadLetter,
+                (Settle::Release, false) => Fate::Released,
+                _ => continue,
+            };
+            counts[fate as usize] += 1;
+        }
+        let instruments = self.instruments();
+        for (outcome, n) in Fate::ALL.into_iter().zip(counts) {
+            instruments.outcome(outcome, n);
+        }
     }
 
     /// Acks the batch's acked deliveries in `tx`; a delivery whose lease ran out fails the

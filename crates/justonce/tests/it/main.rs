@@ -3,6 +3,7 @@
 
 mod amqp;
 mod environment;
+mod metrics;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod replay;
