@@ -22,6 +22,7 @@ mod acks;
 mod admin;
 mod codec;
 mod connection;
+mod doctor;
 mod error;
 mod options;
 mod publisher;
@@ -29,6 +30,7 @@ mod source;
 mod topology;
 
 pub use codec::ATTEMPTS_HEADER;
+pub use doctor::check;
 pub use options::{AmqpOptions, Binding, DeadLetters, Declare, ExchangeType, QueueType};
 pub use publisher::AmqpPublisher;
 pub use source::AmqpSource;

@@ -32,7 +32,7 @@ fn s(v: &str) -> AMQPValue {
 
 /// One queue or exchange of the topology.
 #[derive(Debug, Clone)]
-enum Part {
+pub(crate) enum Part {
     Queue {
         name: String,
         args: FieldTable,
@@ -54,7 +54,7 @@ impl Part {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Part::Queue { name, role, .. } => format!("{role} {name}"),
             Part::Exchange { name, .. } => format!("exchange {name}"),
@@ -95,7 +95,7 @@ fn quorum(args: &mut FieldTable) {
 }
 
 /// The parts of `opts`, in the order they are declared: the work queue last.
-fn parts(opts: &AmqpOptions) -> Vec<Part> {
+pub(crate) fn parts(opts: &AmqpOptions) -> Vec<Part> {
     let quorum_queue = opts.queue_type == QueueType::Quorum;
     let mut work = FieldTable::default();
     if quorum_queue {
@@ -182,7 +182,7 @@ fn parts(opts: &AmqpOptions) -> Vec<Part> {
 
 /// Declares `part` durable on `ch`; `passive` only asks whether it exists (with no
 /// arguments: a passive declaration compares none).
-async fn declare_part(ch: &Channel, part: &Part, passive: bool) -> lapin::Result<()> {
+pub(crate) async fn declare_part(ch: &Channel, part: &Part, passive: bool) -> lapin::Result<()> {
     match part {
         Part::Queue { name, args, .. } => {
             let args = if passive {
@@ -207,7 +207,7 @@ async fn declare_part(ch: &Channel, part: &Part, passive: bool) -> lapin::Result
 }
 
 /// Whether `part` exists, asked passively on a channel of its own.
-async fn exists(conn: &Connection, part: &Part) -> Result<bool> {
+pub(crate) async fn exists(conn: &Connection, part: &Part) -> Result<bool> {
     let ch = conn
         .create_channel()
         .await
@@ -400,7 +400,12 @@ async fn undo(conn: &Connection, created: &[&Part]) {
 /// A refused declaration of `part`, explained. RabbitMQ names the first argument that
 /// differs, which for a queue of the other type is seldom `x-queue-type`: a declaration
 /// with that argument alone asks about the type first.
-async fn refused(conn: &Connection, part: &Part, opts: &AmqpOptions, err: Error) -> Error {
+pub(crate) async fn refused(
+    conn: &Connection,
+    part: &Part,
+    opts: &AmqpOptions,
+    err: Error,
+) -> Error {
     let text = err.to_chain_string();
     if err.kind() != ErrorKind::Config || !text.contains("PRECONDITION_FAILED") {
         return err;

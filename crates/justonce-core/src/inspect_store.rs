@@ -113,6 +113,12 @@ pub trait InspectStore: Send + Sync {
     /// Deletes at most `batch` records older than `retention`, as the consumer's purge
     /// loop does ([`DedupStore::purge`](crate::DedupStore::purge)).
     async fn purge_records(&self, retention: Duration, batch: u32) -> Result<u64>;
+
+    /// The store's clock, which its leases and its retention go by; `None` where the store
+    /// keeps no clock of its own (in memory).
+    async fn clock(&self) -> Result<Option<SystemTime>> {
+        Ok(None)
+    }
 }
 
 /// What tools read and fix in a claim store.

@@ -18,6 +18,7 @@
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
 mod backoff;
+mod check;
 mod dead_letters;
 mod delivery;
 mod error;
@@ -35,6 +36,7 @@ mod transport;
 mod url;
 
 pub use backoff::ExponentialBackoff;
+pub use check::{Check, CheckStatus};
 pub use dead_letters::{failure_group, DeadLetterEntry, FailureGroup, Replay};
 pub use delivery::{Delivery, Receipt};
 pub use error::{error_chain, Error, ErrorKind, Result};

@@ -172,6 +172,32 @@ pub(crate) trait DedupBackend: Send + Sync {
     }
 }
 
+/// A store opened with `create(false)`: its dedup table must be there already.
+pub(crate) async fn table_must_exist<DB>(
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+    url: &str,
+) -> Result<()>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    let mut conn = pool.acquire().await?;
+    let probe = format!("SELECT 1 FROM {table} WHERE 1 = 0");
+    match (*conn).execute(&probe, &[]).await.map_err(Error::from) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::Schema => Err(Error::with_source(
+            ErrorKind::Schema,
+            format!(
+                "no dedup table {table} in {}: give the table the consumer uses, or open the \
+                 store once with justonce, which creates it",
+                justonce_core::redact_url(url)
+            ),
+            e,
+        )),
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) async fn begin<B: DedupBackend>(b: &B) -> Result<Tx<B>> {
     Ok(match B::BEGIN {
         Some(sql) => b.pool().begin_with(sql).await?,

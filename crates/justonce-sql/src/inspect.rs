@@ -18,18 +18,21 @@ use crate::dedup::DedupBackend;
 
 /// A dedup table's statements for tools, every column as text:
 /// - `stats`: no parameters; consumer, records, the oldest record's time in ms;
-/// - `record`: consumer, message id; fingerprint, time in ms.
+/// - `record`: consumer, message id; fingerprint, time in ms;
+/// - `now`: no parameters; the database's clock in ms.
 #[derive(Debug)]
 pub(crate) struct InspectSql {
     pub(crate) stats: String,
     pub(crate) record: String,
+    pub(crate) now: String,
 }
 
 impl InspectSql {
     /// The statements for `table`, whose `processed_at` in milliseconds is `ms` (an SQL
     /// expression over the column), with `text` casting a value to text (`CAST(? AS TEXT)`
-    /// written as `{}`), the placeholders `p1`, `p2`.
-    pub(crate) fn new(table: &str, ms: &str, text: &str, p: [&str; 2]) -> Self {
+    /// written as `{}`), the placeholders `p1`, `p2`, and `now_ms` the database's clock in
+    /// milliseconds.
+    pub(crate) fn new(table: &str, ms: &str, text: &str, p: [&str; 2], now_ms: &str) -> Self {
         let t = |e: &str| text.replace("{}", e);
         InspectSql {
             stats: format!(
@@ -45,6 +48,7 @@ impl InspectSql {
                 p[0],
                 p[1],
             ),
+            now: format!("SELECT {}", t(now_ms)),
         }
     }
 }
@@ -80,6 +84,12 @@ pub(crate) async fn dedup_stats<B: DedupBackend>(b: &B) -> Result<Vec<ConsumerRe
             ConsumerRecords::new(r[0].clone().unwrap_or_default(), records, time(&r[2]))
         })
         .collect())
+}
+
+pub(crate) async fn clock<B: DedupBackend>(b: &B) -> Result<Option<SystemTime>> {
+    let mut conn = b.pool().acquire().await?;
+    let rows = (*conn).text_rows(&b.sql().inspect.now, &[]).await?;
+    Ok(rows.first().and_then(|r| time(&r[0])))
 }
 
 pub(crate) async fn dedup_record<B: DedupBackend>(
@@ -165,6 +175,10 @@ macro_rules! impl_inspect_store {
             ) -> justonce_core::Result<u64> {
                 $crate::dedup::purge(self, retention, batch).await
             }
+
+            async fn clock(&self) -> justonce_core::Result<Option<std::time::SystemTime>> {
+                $crate::inspect::clock(self).await
+            }
         }
     };
 }
@@ -200,7 +214,13 @@ mod tests {
 
     #[test]
     fn the_statements_name_the_table_and_cast_to_text() {
-        let s = InspectSql::new("jo_dedup", "processed_at", "CAST({} AS TEXT)", ["?", "?"]);
+        let s = InspectSql::new(
+            "jo_dedup",
+            "processed_at",
+            "CAST({} AS TEXT)",
+            ["?", "?"],
+            "0",
+        );
         assert_eq!(
             s.stats,
             "SELECT CAST(consumer AS TEXT), CAST(COUNT(*) AS TEXT), CAST(MIN(processed_at) AS TEXT) FROM jo_dedup GROUP BY consumer ORDER BY consumer"

@@ -27,6 +27,7 @@
 //!
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).
 
+mod check;
 mod claims;
 mod conn;
 mod dedup;

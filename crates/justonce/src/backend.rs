@@ -254,19 +254,25 @@ pub async fn inspect_store(url: &str, dedup_table: &str) -> Result<Arc<dyn Inspe
         #[cfg(feature = "sqlite")]
         StoreKind::Sqlite => {
             sqlite_file_exists(url)?;
-            let o = justonce_sql::SqliteStoreOptions::default().dedup_table(dedup_table);
+            let o = justonce_sql::SqliteStoreOptions::default()
+                .dedup_table(dedup_table)
+                .create(false);
             Ok(Arc::new(
                 justonce_sql::SqliteStore::open_with(url, o).await?,
             ))
         }
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => {
-            let o = justonce_sql::PgStoreOptions::default().dedup_table(dedup_table);
+            let o = justonce_sql::PgStoreOptions::default()
+                .dedup_table(dedup_table)
+                .create(false);
             Ok(Arc::new(justonce_sql::PgStore::open_with(url, o).await?))
         }
         #[cfg(feature = "mysql")]
         StoreKind::MySql => {
-            let o = justonce_sql::MySqlStoreOptions::default().dedup_table(dedup_table);
+            let o = justonce_sql::MySqlStoreOptions::default()
+                .dedup_table(dedup_table)
+                .create(false);
             Ok(Arc::new(justonce_sql::MySqlStore::open_with(url, o).await?))
         }
         #[allow(unreachable_patterns)]

@@ -82,6 +82,7 @@
 
 pub mod backend;
 pub mod consumer;
+pub mod doctor;
 mod shutdown;
 
 /// `#[async_trait]`, for implementing the object-safe seams (`Source`, `Publisher`,
@@ -95,11 +96,12 @@ pub use consumer::{
 };
 pub use justonce_core::{
     canonical_json, error_chain, failure_group, memory, redact_url, validate_identifier, Cas,
-    Claim, ClaimRecord, ClaimRecordState, ClaimState, ClaimStore, ConsumerRecords, DeadLetter,
-    DeadLetterEntry, DeadLetterReason, DedupKey, DedupRecord, DedupStore, Delivery, Disposition,
-    Error, ErrorKind, ExponentialBackoff, FailureGroup, Fingerprint, Headers, IdStrategy, Inspect,
-    InspectClaims, InspectStore, Message, MessageId, Publisher, Receipt, Replay, Result, Semantics,
-    Source, StateMachine, Store, TransactionalAck, Transition,
+    Check, CheckStatus, Claim, ClaimRecord, ClaimRecordState, ClaimState, ClaimStore,
+    ConsumerRecords, DeadLetter, DeadLetterEntry, DeadLetterReason, DedupKey, DedupRecord,
+    DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff, FailureGroup,
+    Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectStore, Message, MessageId,
+    Publisher, Receipt, Replay, Result, Semantics, Source, StateMachine, Store, TransactionalAck,
+    Transition,
 };
 pub use shutdown::shutdown_signal;
 

@@ -5,6 +5,7 @@ mod bench;
 mod dedup;
 mod demo;
 mod dlq;
+mod doctor;
 mod kill;
 mod lab;
 mod logs;

@@ -18,15 +18,20 @@ pub struct MySqlStoreOptions {
     pub dedup_table: String,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// Create the dedup table if it does not exist (the default). `false` makes `open`
+    /// fail when it is missing instead: for tools that must not create one by mistake
+    /// (`justonce dedup`, `justonce doctor`).
+    pub create: bool,
 }
 
-crate::options::setters!(MySqlStoreOptions { max_connections: u32 } into { dedup_table });
+crate::options::setters!(MySqlStoreOptions { max_connections: u32, create: bool } into { dedup_table });
 
 impl Default for MySqlStoreOptions {
     fn default() -> Self {
         MySqlStoreOptions {
             dedup_table: "jo_dedup".into(),
             max_connections: 8,
+            create: true,
         }
     }
 }
@@ -63,8 +68,11 @@ impl MySqlStore {
         let t = &opts.dedup_table;
         validate_identifier(t)?;
         let pool = connect(url, opts.max_connections).await?;
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
+        if !opts.create {
+            crate::dedup::table_must_exist(&pool, t, url).await?;
+        } else {
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
                  consumer     VARCHAR(100) NOT NULL,
                  message_id   VARCHAR(255) NOT NULL,
                  fingerprint  CHAR(32) CHARACTER SET ascii NOT NULL,
@@ -72,9 +80,10 @@ impl MySqlStore {
                  PRIMARY KEY (consumer, message_id),
                  KEY {t}_processed_at (processed_at)
              ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-        ))
-        .execute(&pool)
-        .await?;
+            ))
+            .execute(&pool)
+            .await?;
+        }
         let sql = DedupSql {
             lock: None,
             claim: format!(
@@ -95,6 +104,7 @@ impl MySqlStore {
                 // A `utf8mb4_bin` column reads back as bytes; converted, as text.
                 "CONVERT({} USING utf8mb4)",
                 ["?", "?"],
+                "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
             ),
         };
         Ok(MySqlStore {

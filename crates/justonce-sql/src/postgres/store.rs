@@ -36,15 +36,20 @@ pub struct PgStoreOptions {
     /// the key, taken before the claim: one more statement per message. Default `false`.
     /// Chosen when the table is created; an existing table keeps its layout.
     pub partitioned: bool,
+    /// Create the dedup table if it does not exist (the default). `false` makes `open`
+    /// fail when it is missing instead: for tools that must not create one by mistake
+    /// (`justonce dedup`, `justonce doctor`).
+    pub create: bool,
 }
 
-crate::options::setters!(PgStoreOptions { max_connections: u32, partitioned: bool } into { dedup_table });
+crate::options::setters!(PgStoreOptions { max_connections: u32, partitioned: bool, create: bool } into { dedup_table });
 
 impl Default for PgStoreOptions {
     fn default() -> Self {
         PgStoreOptions {
             dedup_table: "jo_dedup".into(),
             max_connections: 8,
+            create: true,
             partitioned: false,
         }
     }
@@ -103,27 +108,31 @@ impl PgStore {
         // Keys compare byte for byte (`COLLATE "C"`, as `utf8mb4_bin` on MariaDB): a message
         // id is opaque, and the database's default collation would compare it by locale
         // rules on every B-tree step of every claim.
-        create(
-            &pool,
-            &[
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (
+        if !opts.create {
+            crate::dedup::table_must_exist(&pool, t, url).await?;
+        } else {
+            create(
+                &pool,
+                &[
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {t} (
                          consumer     TEXT        COLLATE \"C\" NOT NULL,
                          message_id   TEXT        COLLATE \"C\" NOT NULL,
                          fingerprint  TEXT        NOT NULL,
                          processed_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
                          {key}){layout}"
-                ),
-                // Records arrive in time order: a BRIN index finds the old ones for the purge
-                // at almost no cost per insert, where a B-tree adds a page write to every
-                // claim. Daily partitions are purged whole and keep their B-tree.
-                format!(
+                    ),
+                    // Records arrive in time order: a BRIN index finds the old ones for the purge
+                    // at almost no cost per insert, where a B-tree adds a page write to every
+                    // claim. Daily partitions are purged whole and keep their B-tree.
+                    format!(
                     "CREATE INDEX IF NOT EXISTS {t}_processed_at ON {t} USING {} (processed_at)",
                     if opts.partitioned { "btree" } else { "brin" }
                 ),
-            ],
-        )
-        .await?;
+                ],
+            )
+            .await?;
+        }
         let partitioned: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1::regclass)",
         )
@@ -464,5 +473,6 @@ fn literal(s: &str) -> String {
 /// The statements tools read the dedup table `t` with.
 fn pg_inspect(t: &str) -> InspectSql {
     let ms = "(EXTRACT(EPOCH FROM processed_at) * 1000)::bigint";
-    InspectSql::new(t, ms, "({})::text", ["$1", "$2"])
+    let now = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint";
+    InspectSql::new(t, ms, "({})::text", ["$1", "$2"], now)
 }

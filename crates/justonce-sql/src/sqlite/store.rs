@@ -39,15 +39,20 @@ pub struct SqliteStoreOptions {
     pub dedup_table: String,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// Create the dedup table if it does not exist (the default). `false` makes `open`
+    /// fail when it is missing instead: for tools that must not create one by mistake
+    /// (`justonce dedup`, `justonce doctor`).
+    pub create: bool,
 }
 
-crate::options::setters!(SqliteStoreOptions { max_connections: u32 } into { dedup_table });
+crate::options::setters!(SqliteStoreOptions { max_connections: u32, create: bool } into { dedup_table });
 
 impl Default for SqliteStoreOptions {
     fn default() -> Self {
         SqliteStoreOptions {
             dedup_table: "jo_dedup".into(),
             max_connections: 4,
+            create: true,
         }
     }
 }
@@ -122,8 +127,12 @@ impl SqliteStore {
     pub async fn open_with(url: &str, opts: SqliteStoreOptions) -> Result<Self> {
         let table = &opts.dedup_table;
         validate_identifier(table)?;
-        let pool = connect(url, true, opts.max_connections, false, true).await?;
-        sqlx::raw_sql(&schema(table)).execute(&pool).await?;
+        let pool = connect(url, true, opts.max_connections, false, opts.create).await?;
+        if opts.create {
+            sqlx::raw_sql(&schema(table)).execute(&pool).await?;
+        } else {
+            crate::dedup::table_must_exist(&pool, table, url).await?;
+        }
         let sql = DedupSql {
             lock: None,
             claim: format!(
@@ -140,7 +149,13 @@ impl SqliteStore {
                 (", processed_at", format!(", {NOW_MS}")),
                 ManyOrder::StatementRollback,
             )),
-            inspect: InspectSql::new(table, "processed_at", "CAST({} AS TEXT)", ["?", "?"]),
+            inspect: InspectSql::new(
+                table,
+                "processed_at",
+                "CAST({} AS TEXT)",
+                ["?", "?"],
+                super::NOW_MS,
+            ),
         };
         Ok(SqliteStore {
             pool,
