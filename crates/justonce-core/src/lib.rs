@@ -28,6 +28,7 @@ mod inspect_store;
 mod machine;
 pub mod memory;
 mod message;
+mod outbox;
 mod semantics;
 #[cfg(feature = "sqlx")]
 mod sqlx_error;
@@ -47,6 +48,10 @@ pub use inspect_store::{
 };
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
+pub use outbox::{
+    check_outgoing, OutboxFailure, OutboxRow, OutboxStats, OutboxStore,
+    DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD,
+};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{
     validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,

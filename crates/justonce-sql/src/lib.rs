@@ -53,8 +53,8 @@ pub use postgres::{
 };
 pub use queue::{DeadLetter, QueueStats};
 pub use sqlite::{
-    SqliteClaimStore, SqliteQueue, SqliteQueueOptions, SqliteStateGuard, SqliteStore,
-    SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
+    SqliteClaimStore, SqliteOutbox, SqliteOutboxOptions, SqliteQueue, SqliteQueueOptions,
+    SqliteStateGuard, SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };
 
 /// A database server that could not be reached or refused us, said once: where (without

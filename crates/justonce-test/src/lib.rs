@@ -30,6 +30,7 @@
 pub mod claims;
 pub mod dedup;
 pub mod faults;
+pub mod outbox;
 mod services;
 pub mod transport;
 
@@ -115,6 +116,27 @@ macro_rules! claim_store_tests {
                 concurrent_acquires_one_holder,
                 batch_forms_answer_as_single_ones,
                 purge_removes_old_completed_claims_only,
+            ]
+        );
+    };
+}
+
+/// One `#[tokio::test]` per rule of the [`OutboxStore`](justonce_core::OutboxStore)
+/// contract ([`outbox`]); `$make` returns a future of
+/// `Option<Backend<outbox::Outboxed<S, O>>>`: a business store and an empty outbox of its own.
+#[macro_export]
+macro_rules! outbox_store_tests {
+    ($make:expr) => {
+        $crate::__stamp!(
+            outbox,
+            $make,
+            [
+                nothing_leaves_before_the_commit_and_a_rollback_leaves_nothing,
+                a_leased_row_is_taken_again_only_after_its_lease,
+                rows_of_a_key_go_out_in_order_one_relay_at_a_time,
+                a_sent_row_is_gone_and_marking_it_again_is_harmless,
+                a_failed_row_waits_blocking_its_key_then_dies_visibly,
+                bad_outgoing_messages_are_refused_inside_the_transaction,
             ]
         );
     };

@@ -15,6 +15,17 @@ mod memory_store {
     justonce_test::dedup_store_tests!(|| async { Some(Backend::new(MemoryStore::new())) });
 }
 
+mod memory_outbox {
+    use super::*;
+    justonce_test::outbox_store_tests!(|| async {
+        let store = MemoryStore::new();
+        Some(Backend::new(justonce_test::outbox::Outboxed {
+            outbox: store.clone(),
+            store,
+        }))
+    });
+}
+
 mod memory_claims {
     use super::*;
     justonce_test::claim_store_tests!(|| async {

@@ -100,8 +100,8 @@ pub use justonce_core::{
     ConsumerRecords, DeadLetter, DeadLetterEntry, DeadLetterReason, DedupKey, DedupRecord,
     DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff, FailureGroup,
     Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectStore, Message, MessageId,
-    Publisher, Receipt, Replay, Result, Semantics, Source, StateMachine, Store, TransactionalAck,
-    Transition,
+    OutboxFailure, OutboxRow, OutboxStats, OutboxStore, Publisher, Receipt, Replay, Result,
+    Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
 };
 pub use shutdown::shutdown_signal;
 

@@ -4,6 +4,7 @@
 //! but nothing survives the process: use the SQL backends for anything real.
 
 mod claims;
+mod outbox;
 mod queue;
 mod store;
 

@@ -10,11 +10,14 @@ use crate::{Claim, DedupKey, DedupStore, Error, ErrorKind, Fingerprint, MessageI
 type Key = (String, MessageId);
 
 #[derive(Debug, Default)]
-struct State {
+pub(super) struct State {
     dedup: HashMap<Key, (Fingerprint, Instant)>,
     pending: HashSet<Key>,
     effects: Vec<String>,
     commits: u64,
+    /// The outbox's committed rows, by seq.
+    pub(super) outbox: std::collections::BTreeMap<u64, super::outbox::Row>,
+    pub(super) next_seq: u64,
 }
 
 /// An in-memory [`DedupStore`] whose transactions stage effects as strings.
@@ -40,7 +43,7 @@ struct State {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    state: Arc<Mutex<State>>,
+    pub(super) state: Arc<Mutex<State>>,
 }
 
 /// A transaction of a [`MemoryStore`]: effects are staged until commit.
@@ -49,7 +52,9 @@ pub struct MemoryTx {
     state: Arc<Mutex<State>>,
     claims: Vec<(Key, Fingerprint)>,
     effects: Vec<String>,
-    marks: Vec<(usize, usize)>,
+    /// Outgoing messages, staged until commit.
+    pub(super) outbox: Vec<(Option<String>, crate::Message)>,
+    marks: Vec<(usize, usize, usize)>,
 }
 
 impl MemoryTx {
@@ -72,7 +77,7 @@ impl Drop for MemoryTx {
     }
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+pub(super) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -106,6 +111,7 @@ impl Store for MemoryStore {
             state: self.state.clone(),
             claims: Vec::new(),
             effects: Vec::new(),
+            outbox: Vec::new(),
             marks: Vec::new(),
         })
     }
@@ -118,6 +124,11 @@ impl Store for MemoryStore {
             st.dedup.insert(k, (fp, now));
         }
         st.effects.append(&mut tx.effects);
+        for (key, message) in tx.outbox.drain(..) {
+            st.next_seq += 1;
+            let seq = st.next_seq;
+            st.outbox.insert(seq, super::outbox::Row::new(key, message));
+        }
         st.commits += 1;
         Ok(())
     }
@@ -128,7 +139,8 @@ impl Store for MemoryStore {
     }
 
     async fn savepoint(&self, tx: &mut MemoryTx) -> Result<()> {
-        tx.marks.push((tx.claims.len(), tx.effects.len()));
+        tx.marks
+            .push((tx.claims.len(), tx.effects.len(), tx.outbox.len()));
         Ok(())
     }
 
@@ -138,9 +150,10 @@ impl Store for MemoryStore {
     }
 
     async fn rollback_to_savepoint(&self, tx: &mut MemoryTx) -> Result<()> {
-        let (claims, effects) = tx.marks.pop().unwrap_or((0, 0));
+        let (claims, effects, outbox) = tx.marks.pop().unwrap_or((0, 0, 0));
         tx.release_pending(claims);
         tx.effects.truncate(effects);
+        tx.outbox.truncate(outbox);
         Ok(())
     }
 }

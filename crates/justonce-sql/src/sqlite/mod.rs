@@ -2,6 +2,7 @@
 
 mod claims;
 mod guard;
+mod outbox;
 mod queue;
 mod store;
 
@@ -14,6 +15,7 @@ use sqlx::SqlitePool;
 
 pub use claims::SqliteClaimStore;
 pub use guard::{SqliteStateGuard, SqliteVersionGuard};
+pub use outbox::{SqliteOutbox, SqliteOutboxOptions};
 pub use queue::{SqliteQueue, SqliteQueueOptions};
 pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 

@@ -18,6 +18,18 @@ async fn queue(dir: &tempfile::TempDir, lease: Duration) -> SqliteQueue {
         .unwrap()
 }
 
+/// The outbox contract, one test per rule, each on a database of its own.
+mod sqlite_outbox {
+    use super::*;
+
+    justonce_test::outbox_store_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&url(&dir, "s.db")).await.unwrap();
+        let outbox = store.outbox().await.unwrap();
+        Some(Backend::new(justonce_test::outbox::Outboxed { store, outbox }).keeping(dir))
+    });
+}
+
 /// The transport contract, one test per rule, each on a queue of its own.
 mod sqlite_queue {
     use super::*;

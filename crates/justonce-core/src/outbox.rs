@@ -1,0 +1,132 @@
+//! The outbox seam, the producer half of the chain: a service writes the messages it must
+//! send in its own business transaction ([`OutboxStore::enqueue`]), so they exist if and
+//! only if its effects committed; a relay publishes them after the commit, with confirms,
+//! and marks each sent only once its publish is durable (confirm, then mark). A relay that
+//! dies between the two publishes the row again: a duplicate under the same id, which the
+//! next consumer's dedup absorbs. Nothing committed is ever lost.
+//!
+//! Order: rows that share an ordering key go out in the order they were enqueued, one
+//! relay at a time per key; rows of different keys, and rows without a key, in parallel.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::{Error, Message, Result};
+
+/// A row a relay took to publish.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// Its place in the outbox: rows of one key go out in this order.
+    pub seq: u64,
+    /// The ordering key, if any.
+    pub key: Option<String>,
+    /// The message, with its id.
+    pub message: Message,
+    /// Failed publishes so far.
+    pub attempts: u32,
+}
+
+/// What a failed publish did to its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxFailure {
+    /// It is tried again after the delay; its key waits for it.
+    Retrying,
+    /// It ran out of attempts: dead, with its reason, blocking its key until an operator
+    /// acts (`justonce outbox`), never silently.
+    Dead,
+}
+
+/// What an outbox holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Rows not yet sent and not dead (leased ones included).
+    pub pending: u64,
+    /// Of them, leased to a relay now.
+    pub leased: u64,
+    /// Dead rows.
+    pub dead: u64,
+    /// When the oldest pending row was enqueued, by the store's clock.
+    pub oldest: Option<SystemTime>,
+}
+
+impl OutboxStats {
+    /// Counts of an outbox.
+    pub fn new(pending: u64, leased: u64, dead: u64, oldest: Option<SystemTime>) -> Self {
+        OutboxStats {
+            pending,
+            leased,
+            dead,
+            oldest,
+        }
+    }
+}
+
+/// Where a service's outgoing messages wait for their commit and their relay.
+///
+/// `Tx` is the business transaction the messages are written in (for the SQL stores the
+/// same `sqlx::Transaction` the handler writes its effects in). The relay side runs on the
+/// store's own connections, from any number of relay processes at once.
+#[async_trait]
+pub trait OutboxStore: Send + Sync + 'static {
+    /// The business transaction.
+    type Tx: Send + 'static;
+
+    /// Writes `message` into the outbox inside `tx`: a relay sees it only once `tx`
+    /// commits, and never if it rolls back. `key` orders it after the earlier messages of
+    /// that key. A message without an id, or larger than the outbox takes, is refused
+    /// ([`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput)) and nothing is written.
+    async fn enqueue(&self, tx: &mut Self::Tx, message: &Message, key: Option<&str>) -> Result<()>;
+
+    /// Leases up to `max` rows to `owner` for `lease`, in outbox order: rows not dead, due
+    /// (a failed one waits out its delay), not leased (or whose lease ran out), and, for a
+    /// key, only while no earlier row of that key is leased, waiting or dead.
+    async fn take(&self, owner: &str, max: usize, lease: Duration) -> Result<Vec<OutboxRow>>;
+
+    /// The rows `seqs` are published durably: removes them. Idempotent.
+    async fn mark_sent(&self, seqs: &[u64]) -> Result<()>;
+
+    /// The publish of row `seq` failed with `error`: counts an attempt and makes it wait
+    /// `retry_after`, or, at `max_attempts`, marks it dead with `error` as its reason.
+    async fn mark_failed(
+        &self,
+        seq: u64,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<OutboxFailure>;
+
+    /// Hands rows back without counting an attempt (the rows of a key after one that
+    /// failed, a relay that stops).
+    async fn release(&self, seqs: &[u64]) -> Result<()>;
+
+    /// What the outbox holds.
+    async fn outbox_stats(&self) -> Result<OutboxStats>;
+}
+
+/// The largest payload an outbox takes unless told otherwise: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+
+/// The check every outbox makes at enqueue: an id (a relay's duplicate must carry it) and
+/// a payload within `max_payload_bytes`.
+pub fn check_outgoing(message: &Message, max_payload_bytes: usize) -> Result<()> {
+    if message.id().is_none() {
+        return Err(Error::new(
+            crate::ErrorKind::InvalidInput,
+            "an outgoing message needs an id: the relay may publish it twice, and only its id \
+             lets the consumer's dedup absorb the second copy",
+        ));
+    }
+    let len = message.payload().len();
+    if len > max_payload_bytes {
+        return Err(Error::new(
+            crate::ErrorKind::InvalidInput,
+            format!(
+                "an outgoing payload of {len} bytes exceeds the outbox's limit of \
+                 {max_payload_bytes} bytes"
+            ),
+        ));
+    }
+    Ok(())
+}
