@@ -44,12 +44,13 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{
-    MySqlClaimStore, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
+    MySqlClaimStore, MySqlOutbox, MySqlOutboxOptions, MySqlStateGuard, MySqlStore,
+    MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PgClaimStore, PgQueue, PgQueueOptions, PgStateGuard, PgStore, PgStoreOptions, PgTx,
-    PgVersionGuard,
+    PgClaimStore, PgOutbox, PgOutboxOptions, PgQueue, PgQueueOptions, PgStateGuard, PgStore,
+    PgStoreOptions, PgTx, PgVersionGuard,
 };
 pub use queue::{DeadLetter, QueueStats};
 pub use sqlite::{

@@ -2,6 +2,7 @@
 
 mod claims;
 mod guard;
+mod outbox;
 mod store;
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use sqlx::MySqlPool;
 
 pub use claims::MySqlClaimStore;
 pub use guard::{MySqlStateGuard, MySqlVersionGuard};
+pub use outbox::{MySqlOutbox, MySqlOutboxOptions};
 pub use store::{MySqlStore, MySqlStoreOptions, MySqlTx};
 
 /// Opens a pool on a `mysql://` URL.

@@ -2,6 +2,7 @@
 
 mod claims;
 mod guard;
+mod outbox;
 mod queue;
 mod store;
 
@@ -13,6 +14,7 @@ use sqlx::PgPool;
 
 pub use claims::PgClaimStore;
 pub use guard::{PgStateGuard, PgVersionGuard};
+pub use outbox::{PgOutbox, PgOutboxOptions};
 pub use queue::{PgQueue, PgQueueOptions};
 pub use store::{PgStore, PgStoreOptions, PgTx};
 
