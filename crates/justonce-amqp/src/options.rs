@@ -473,6 +473,12 @@ impl AmqpOptions {
         self.tier(tier)
     }
 
+    /// The longest a message waits in a retry tier: the broker's own hold-back, for the
+    /// redelivery horizon (zero without tiers).
+    pub fn redelivery_delay(&self) -> Duration {
+        self.retry_delays.iter().max().copied().unwrap_or_default()
+    }
+
     /// The retry tiers' queues.
     pub fn retry_queues(&self) -> Vec<String> {
         self.retry_delays.iter().map(|d| self.tier(*d)).collect()

@@ -479,13 +479,7 @@ impl Source for AmqpSource {
     }
 
     fn redelivery_delay(&self) -> Duration {
-        self.inner
-            .opts
-            .retry_delays
-            .iter()
-            .max()
-            .copied()
-            .unwrap_or_default()
+        self.inner.opts.redelivery_delay()
     }
 }
 

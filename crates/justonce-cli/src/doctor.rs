@@ -53,13 +53,14 @@ pub(crate) struct DoctorArgs {
 pub(crate) async fn run(a: DoctorArgs) -> anyhow::Result<()> {
     let kind = TransportKind::from_url(&a.transport)?;
     let mut found: Vec<(&'static str, Check)> = Vec::new();
-    let mut opts = TransportOptions::default().lease(Duration::from_millis(a.lease_ms));
     let amqp = a.topology.options(&a.queue)?;
     let transport_delay = match kind {
-        TransportKind::Amqp => amqp.retry_delays.iter().max().copied().unwrap_or_default(),
+        TransportKind::Amqp => amqp.redelivery_delay(),
         _ => Duration::from_millis(a.lease_ms),
     };
-    opts = opts.amqp(amqp);
+    let opts = TransportOptions::default()
+        .lease(Duration::from_millis(a.lease_ms))
+        .amqp(amqp);
     match justonce::doctor::check_transport(&a.transport, &a.queue, &opts).await {
         Ok(checks) => found.extend(checks.into_iter().map(|c| ("transport", c))),
         Err(e) => found.push((

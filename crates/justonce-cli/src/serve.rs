@@ -7,7 +7,7 @@
 //! Beside what the consumer records, a worker reads two gauges from its transport and
 //! store every `--metrics-poll-secs`: dead letters by failure group and dedup records.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -118,7 +118,7 @@ pub(crate) fn poll_gauges(
     store: Arc<dyn InspectStore>,
 ) {
     tokio::spawn(async move {
-        let mut seen: BTreeMap<(String, String), ()> = BTreeMap::new();
+        let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
         loop {
             match transport.dead_letter_entries().await {
                 Ok(entries) => {
@@ -129,13 +129,13 @@ pub(crate) fn poll_gauges(
                         *now.entry((g.id, reason)).or_default() += 1.0;
                     }
                     // A group that was replayed or purged away reads 0, not its last count.
-                    for key in seen.keys() {
+                    for key in &seen {
                         now.entry(key.clone()).or_default();
                     }
                     for ((group, reason), n) in &now {
                         metrics::gauge!("justonce_dead_letters", "messaging.destination.name" => queue.clone(), "failure_group" => group.clone(), "reason" => reason.clone()).set(*n);
-                        seen.insert((group.clone(), reason.clone()), ());
                     }
+                    seen = now.into_keys().collect();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e.to_chain_string(), "metrics: cannot read the dead letters")

@@ -42,6 +42,19 @@ pub(crate) struct DeadLetterRow {
     pub(crate) at_ms: i64,
 }
 
+/// An outbox row as a take reads it: columns `seq, okey, message_id, payload, headers,
+/// content_type, attempts`, the integers as 64-bit.
+#[derive(Debug)]
+pub(crate) struct OutboxRawRow {
+    pub(crate) seq: i64,
+    pub(crate) key: Option<String>,
+    pub(crate) message_id: Option<String>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: String,
+    pub(crate) content_type: Option<String>,
+    pub(crate) attempts: i64,
+}
+
 /// What the stores run on a connection. Implemented once, for every sqlx connection whose
 /// database binds and decodes the types of [`Arg`] (SQLite, PostgreSQL, MariaDB).
 #[async_trait]
@@ -81,6 +94,12 @@ pub(crate) trait Conn: Send {
         sql: &'q str,
         args: &[Arg<'q>],
     ) -> Result<Vec<DeadLetterRow>, sqlx::Error>;
+    /// Every row as an [`OutboxRawRow`].
+    async fn outbox_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<OutboxRawRow>, sqlx::Error>;
 }
 
 /// The rows a statement changed (sqlx has no trait for it).
@@ -222,6 +241,27 @@ where
                     error: r.try_get(6)?,
                     consumer: r.try_get(7)?,
                     at_ms: r.try_get(8)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_rows<'q>(
+        &mut self,
+        sql: &'q str,
+        args: &[Arg<'q>],
+    ) -> Result<Vec<OutboxRawRow>, sqlx::Error> {
+        let rows = self.fetch_all(query::<C::Database>(sql, args)).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OutboxRawRow {
+                    seq: r.try_get(0)?,
+                    key: r.try_get(1)?,
+                    message_id: r.try_get(2)?,
+                    payload: r.try_get(3)?,
+                    headers: r.try_get(4)?,
+                    content_type: r.try_get(5)?,
+                    attempts: r.try_get(6)?,
                 })
             })
             .collect()

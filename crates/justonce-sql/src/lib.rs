@@ -37,6 +37,7 @@ mod many;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
@@ -44,18 +45,19 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{
-    MySqlClaimStore, MySqlOutbox, MySqlOutboxOptions, MySqlStateGuard, MySqlStore,
-    MySqlStoreOptions, MySqlTx, MySqlVersionGuard,
+    MySqlClaimStore, MySqlOutbox, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx,
+    MySqlVersionGuard,
 };
+pub use outbox::{OutboxOptions, SqlOutbox};
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PgClaimStore, PgOutbox, PgOutboxOptions, PgQueue, PgQueueOptions, PgStateGuard, PgStore,
-    PgStoreOptions, PgTx, PgVersionGuard,
+    PgClaimStore, PgOutbox, PgQueue, PgQueueOptions, PgStateGuard, PgStore, PgStoreOptions, PgTx,
+    PgVersionGuard,
 };
 pub use queue::{DeadLetter, QueueStats};
 pub use sqlite::{
-    SqliteClaimStore, SqliteOutbox, SqliteOutboxOptions, SqliteQueue, SqliteQueueOptions,
-    SqliteStateGuard, SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
+    SqliteClaimStore, SqliteOutbox, SqliteQueue, SqliteQueueOptions, SqliteStateGuard, SqliteStore,
+    SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };
 
 /// A database server that could not be reached or refused us, said once: where (without

@@ -13,7 +13,7 @@ use sqlx::MySqlPool;
 
 pub use claims::MySqlClaimStore;
 pub use guard::{MySqlStateGuard, MySqlVersionGuard};
-pub use outbox::{MySqlOutbox, MySqlOutboxOptions};
+pub use outbox::MySqlOutbox;
 pub use store::{MySqlStore, MySqlStoreOptions, MySqlTx};
 
 /// Opens a pool on a `mysql://` URL.

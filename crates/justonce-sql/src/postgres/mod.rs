@@ -14,7 +14,7 @@ use sqlx::PgPool;
 
 pub use claims::PgClaimStore;
 pub use guard::{PgStateGuard, PgVersionGuard};
-pub use outbox::{PgOutbox, PgOutboxOptions};
+pub use outbox::PgOutbox;
 pub use queue::{PgQueue, PgQueueOptions};
 pub use store::{PgStore, PgStoreOptions, PgTx};
 

@@ -15,7 +15,7 @@ use sqlx::SqlitePool;
 
 pub use claims::SqliteClaimStore;
 pub use guard::{SqliteStateGuard, SqliteVersionGuard};
-pub use outbox::{SqliteOutbox, SqliteOutboxOptions};
+pub use outbox::SqliteOutbox;
 pub use queue::{SqliteQueue, SqliteQueueOptions};
 pub use store::{SqliteStore, SqliteStoreOptions, SqliteTx};
 

@@ -1,5 +1,5 @@
 //! The tests every server-backed SQL store runs, written once: the dedup and claim
-//! conformance suites, unique-violation classification, the guards, and a wrong URL.
+//! conformance suites, the outbox's, unique-violation classification, the guards, and a wrong URL.
 
 /// Generates the backend tests for one database. `text` is the SQL type of a text key.
 macro_rules! backend_tests {
@@ -47,6 +47,29 @@ macro_rules! backend_tests {
                 Some(Backend::new(store).cleaning_up(move || async move {
                     drop_tables(&kept, &[&table]).await;
                 }))
+            });
+        }
+
+        /// The outbox contract, one test per rule, each on a table of its own.
+        mod outbox_contract {
+            use super::*;
+
+            justonce_test::outbox_store_tests!(|| async {
+                let url = url()?;
+                let store = $store::open(&url).await.unwrap();
+                let table = unique("jo_outbox_t");
+                let outbox = store
+                    .outbox_with(justonce_sql::OutboxOptions::default().table(table.clone()))
+                    .await
+                    .unwrap();
+                let kept = store.clone();
+                Some(
+                    Backend::new(justonce_test::outbox::Outboxed { store, outbox }).cleaning_up(
+                        move || async move {
+                            drop_tables(&kept, &[&table]).await;
+                        },
+                    ),
+                )
             });
         }
 

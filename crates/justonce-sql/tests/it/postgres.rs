@@ -379,31 +379,3 @@ mod folded_claim {
             .unwrap();
     }
 }
-
-/// The outbox contract, one test per rule, each on an outbox table of its own.
-mod outbox {
-    use justonce_sql::{PgOutboxOptions, PgStore};
-    use justonce_test::outbox::Outboxed;
-    use justonce_test::{unique_name, Backend};
-
-    use super::url;
-
-    justonce_test::outbox_store_tests!(|| async {
-        let url = url()?;
-        let store = PgStore::open(&url).await.unwrap();
-        let table = unique_name("jo_outbox_t").replace('-', "_");
-        let outbox = store
-            .outbox_with(PgOutboxOptions::default().table(table.clone()))
-            .await
-            .unwrap();
-        let pool = store.pool().clone();
-        Some(
-            Backend::new(Outboxed { store, outbox }).cleaning_up(move || async move {
-                sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
-                    .execute(&pool)
-                    .await
-                    .unwrap();
-            }),
-        )
-    });
-}

@@ -1,0 +1,295 @@
+//! The outbox of the three SQL stores, written once over [`Conn`]: each backend gives only
+//! its SQL text ([`OutboxSql`]). A row is written in the business transaction; relays take
+//! rows under a lease, a key blocked while an earlier row of it is leased, waiting out a
+//! retry or dead.
+//!
+//! Lists of seqs are written into the SQL as integer literals (they come from the table,
+//! never from a caller's text), so one statement serves every dialect.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use justonce_core::{
+    check_outgoing, Error, Message, MessageId, OutboxFailure, OutboxRow, OutboxStats, OutboxStore,
+    Result, DEFAULT_OUTBOX_MAX_PAYLOAD,
+};
+
+use crate::conn::{Arg, Conn};
+use crate::queue::message_from_row;
+
+/// Options of an outbox.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OutboxOptions {
+    /// The outbox table (default `jo_outbox`), validated as an SQL identifier.
+    pub table: String,
+    /// The largest payload enqueued; larger ones are refused at enqueue (default 1 MiB).
+    pub max_payload_bytes: usize,
+}
+
+crate::options::setters!(OutboxOptions { max_payload_bytes: usize } into { table });
+
+impl Default for OutboxOptions {
+    fn default() -> Self {
+        OutboxOptions {
+            table: "jo_outbox".into(),
+            max_payload_bytes: DEFAULT_OUTBOX_MAX_PAYLOAD,
+        }
+    }
+}
+
+/// How a backend takes rows.
+#[derive(Debug)]
+pub(crate) enum TakeSql {
+    /// One statement that leases and returns the rows: owner, lease in ms, max.
+    Returning(String),
+    /// Under a named lock (`lock` and `unlock`, no parameters), one take at a time: `choose`
+    /// (max) answers the seqs; `lease` (owner, lease in ms) and `read` end with `{seqs}`.
+    Steps {
+        lock: String,
+        unlock: String,
+        choose: String,
+        lease: String,
+        read: String,
+    },
+}
+
+/// A backend's outbox statements. Rows are read as `seq, okey, message_id, payload,
+/// headers, content_type, attempts`, the integers as 64-bit. Parameters, in order:
+/// - `enqueue_lock` (run before an enqueue with a key, so that seq order is commit order
+///   per key): key;
+/// - `enqueue`: key, message id, payload, headers (JSON), content type;
+/// - `fail`: retry delay in ms, error, max attempts, seq; `is_dead`: seq;
+/// - `sent` and `release` end with `{seqs}`;
+/// - `stats`: none; one row of text: pending, leased, dead, oldest enqueue in ms.
+#[derive(Debug)]
+pub(crate) struct OutboxSql {
+    pub(crate) enqueue_lock: Option<String>,
+    pub(crate) enqueue: String,
+    pub(crate) take: TakeSql,
+    pub(crate) fail: String,
+    pub(crate) is_dead: String,
+    pub(crate) sent: String,
+    pub(crate) release: String,
+    pub(crate) stats: String,
+}
+
+/// An outbox in a SQL store's database: [`SqliteOutbox`](crate::SqliteOutbox),
+/// [`PgOutbox`](crate::PgOutbox), [`MySqlOutbox`](crate::MySqlOutbox). Enqueue in the
+/// store's transactions ([`OutboxStore::enqueue`]); relay from any number of processes.
+///
+/// ```no_run
+/// # async fn run() -> justonce_core::Result<()> {
+/// use justonce_core::{Message, OutboxStore, Store};
+/// use justonce_sql::SqliteStore;
+///
+/// let store = SqliteStore::open("sqlite:app.db").await?;
+/// let outbox = store.outbox().await?;
+/// let mut tx = store.begin().await?;
+/// // … the business write in `tx` …
+/// outbox.enqueue(&mut tx, &Message::new(r#"{"receipt":"R-1"}"#).with_id("R-1")?, Some("account-7")).await?;
+/// store.commit(tx).await?; // the receipt exists if and only if the write committed
+/// # Ok(()) }
+/// ```
+pub struct SqlOutbox<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    sql: Arc<OutboxSql>,
+    max_payload: usize,
+}
+
+impl<DB: sqlx::Database> Clone for SqlOutbox<DB> {
+    fn clone(&self) -> Self {
+        SqlOutbox {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            max_payload: self.max_payload,
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlOutbox<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlOutbox")
+            .field("max_payload", &self.max_payload)
+            .finish()
+    }
+}
+
+impl<DB: sqlx::Database> SqlOutbox<DB> {
+    pub(crate) fn new(pool: sqlx::Pool<DB>, sql: OutboxSql, opts: &OutboxOptions) -> Self {
+        SqlOutbox {
+            pool,
+            sql: Arc::new(sql),
+            max_payload: opts.max_payload_bytes,
+        }
+    }
+}
+
+/// `sql` with its `{seqs}` written out.
+fn with_seqs(sql: &str, seqs: &[u64]) -> String {
+    let list: Vec<String> = seqs.iter().map(u64::to_string).collect();
+    sql.replace("{seqs}", &list.join(", "))
+}
+
+fn number(s: &Option<String>) -> u64 {
+    s.as_deref()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .map_or(0, |f| f.max(0.0) as u64)
+}
+
+#[async_trait]
+impl<DB> OutboxStore for SqlOutbox<DB>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    type Tx = sqlx::Transaction<'static, DB>;
+
+    async fn enqueue(&self, tx: &mut Self::Tx, message: &Message, key: Option<&str>) -> Result<()> {
+        check_outgoing(message, self.max_payload)?;
+        let headers = serde_json::to_string(message.headers()).map_err(Error::from)?;
+        if let (Some(lock), Some(key)) = (&self.sql.enqueue_lock, key) {
+            (**tx).text_rows(lock, &[Arg::Text(key)]).await?;
+        }
+        let args = [
+            Arg::MaybeText(key),
+            Arg::MaybeText(message.id().map(MessageId::as_str)),
+            Arg::Blob(Some(message.payload())),
+            Arg::Text(&headers),
+            Arg::MaybeText(message.content_type()),
+        ];
+        (**tx).execute(&self.sql.enqueue, &args).await?;
+        Ok(())
+    }
+
+    async fn take(&self, owner: &str, max: usize, lease: Duration) -> Result<Vec<OutboxRow>> {
+        let mut conn = self.pool.acquire().await?;
+        let lease = Arg::Int(lease.as_millis() as i64);
+        let rows = match &self.sql.take {
+            TakeSql::Returning(sql) => {
+                let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
+                (*conn).outbox_rows(sql, &args).await?
+            }
+            TakeSql::Steps {
+                lock,
+                unlock,
+                choose,
+                lease: lease_sql,
+                read,
+            } => {
+                if (*conn).int(lock, &[]).await? != Some(1) {
+                    return Err(Error::new(
+                        justonce_core::ErrorKind::Timeout,
+                        "another relay held the outbox's take lock for 30 s",
+                    ));
+                }
+                let taken = async {
+                    let seqs: Vec<u64> = (*conn)
+                        .text_rows(choose, &[Arg::Int(max as i64)])
+                        .await?
+                        .iter()
+                        .map(|r| number(&r[0]))
+                        .collect();
+                    if seqs.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    let args = [Arg::Text(owner), lease];
+                    (*conn).execute(&with_seqs(lease_sql, &seqs), &args).await?;
+                    (*conn).outbox_rows(&with_seqs(read, &seqs), &[]).await
+                }
+                .await;
+                let _ = (*conn).int(unlock, &[]).await;
+                taken?
+            }
+        };
+        let mut out: Vec<OutboxRow> = rows
+            .into_iter()
+            .map(|r| OutboxRow {
+                seq: r.seq as u64,
+                key: r.key,
+                message: message_from_row(r.message_id, r.payload, &r.headers, r.content_type),
+                attempts: r.attempts.max(0) as u32,
+            })
+            .collect();
+        out.sort_by_key(|r| r.seq);
+        Ok(out)
+    }
+
+    async fn mark_sent(&self, seqs: &[u64]) -> Result<()> {
+        for_seqs(&self.pool, &self.sql.sent, seqs).await
+    }
+
+    async fn mark_failed(
+        &self,
+        seq: u64,
+        error: &str,
+        retry_after: Duration,
+        max_attempts: u32,
+    ) -> Result<OutboxFailure> {
+        let mut conn = self.pool.acquire().await?;
+        let args = [
+            Arg::Int(retry_after.as_millis() as i64),
+            Arg::Text(error),
+            Arg::Int(i64::from(max_attempts)),
+            Arg::Int(seq as i64),
+        ];
+        (*conn).execute(&self.sql.fail, &args).await?;
+        let dead = (*conn)
+            .int(&self.sql.is_dead, &[Arg::Int(seq as i64)])
+            .await?;
+        Ok(if dead == Some(1) {
+            OutboxFailure::Dead
+        } else {
+            OutboxFailure::Retrying
+        })
+    }
+
+    async fn release(&self, seqs: &[u64]) -> Result<()> {
+        for_seqs(&self.pool, &self.sql.release, seqs).await
+    }
+
+    async fn outbox_stats(&self) -> Result<OutboxStats> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = (*conn).text_rows(&self.sql.stats, &[]).await?;
+        let r = rows
+            .first()
+            .ok_or_else(|| Error::new(justonce_core::ErrorKind::Internal, "no stats row"))?;
+        let oldest = r[3]
+            .as_ref()
+            .map(|_| UNIX_EPOCH + Duration::from_millis(number(&r[3])));
+        Ok(OutboxStats::new(
+            number(&r[0]),
+            number(&r[1]),
+            number(&r[2]),
+            oldest,
+        ))
+    }
+}
+
+/// Runs `sql` for `seqs`, 500 at a time.
+async fn for_seqs<DB>(pool: &sqlx::Pool<DB>, sql: &str, seqs: &[u64]) -> Result<()>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    let mut conn = pool.acquire().await?;
+    for chunk in seqs.chunks(500) {
+        (*conn).execute(&with_seqs(sql, chunk), &[]).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seqs_are_written_out_and_numbers_read_back() {
+        assert_eq!(
+            with_seqs("DELETE FROM t WHERE seq IN ({seqs})", &[3, 1, 2]),
+            "DELETE FROM t WHERE seq IN (3, 1, 2)"
+        );
+        assert_eq!(number(&Some("12".into())), 12);
+        assert_eq!(number(&Some(" 4.0 ".into())), 4);
+        assert_eq!(number(&None), 0);
+    }
+}
