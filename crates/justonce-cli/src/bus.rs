@@ -144,6 +144,11 @@ impl Bus {
             .amqp(topology.options(queue)?.prefetch(prefetch)))
     }
 
+    /// Where messages go.
+    pub(crate) fn publisher(&self) -> Arc<dyn justonce::Publisher> {
+        self.transport.publisher()
+    }
+
     /// Where deliveries come from.
     pub(crate) fn source(&self) -> Result<Arc<dyn Source>> {
         self.transport.source()

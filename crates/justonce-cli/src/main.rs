@@ -8,6 +8,7 @@ mod dlq;
 mod doctor;
 mod lab;
 mod orders;
+mod outbox;
 mod publish;
 mod serve;
 mod worker;
@@ -45,6 +46,9 @@ enum Command {
     /// its retention against the redelivery horizon, the store's clock): pass, warn or
     /// fail, with what to change; exit 1 on a fail.
     Doctor(doctor::DoctorArgs),
+    /// An outbox: its backlog, relays and dead rows (`status`), the dead rows revived or
+    /// discarded, and a relay process (`relay`: confirm, then mark).
+    Outbox(crate::outbox::OutboxArgs),
     /// One bench run as its own process (used by `bench`).
     #[command(hide = true)]
     BenchRun(bench::BenchRunArgs),
@@ -66,7 +70,10 @@ fn main() -> std::process::ExitCode {
             Command::Demo(_) | Command::Lab(_) | Command::Bench(_) | Command::BenchRun(_)
         ) {
             "error,lapin=off"
-        } else if matches!(cli.command, Command::Doctor(_) | Command::Dlq(_)) {
+        } else if matches!(
+            cli.command,
+            Command::Doctor(_) | Command::Dlq(_) | Command::Outbox(_)
+        ) {
             // A tool's passive checks of what may not exist: lapin logs each 404 as an
             // error, which the tool reports in its own words.
             "error,justonce=warn,lapin=off"
@@ -96,6 +103,7 @@ fn main() -> std::process::ExitCode {
             Command::Dlq(args) => dlq::run(args).await,
             Command::Dedup(args) => dedup::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
+            Command::Outbox(args) => outbox::run(args).await,
         }
     });
     match result {

@@ -49,8 +49,9 @@ pub use inspect_store::{
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use outbox::{
-    check_outgoing, OutboxFailure, OutboxRow, OutboxStats, OutboxStore,
-    DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD,
+    check_outgoing, outgoing_id, DeadOutboxRow, InspectOutbox, OutboxFailure, OutboxOwner,
+    OutboxRow, OutboxStats, OutboxStore, DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD,
+    OUTGOING_ID_NAMESPACE,
 };
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{

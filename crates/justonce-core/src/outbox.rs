@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::{Error, Message, Result};
+use crate::{Error, Message, MessageId, Result};
 
 /// A row a relay took to publish.
 #[derive(Debug, Clone)]
@@ -103,6 +103,117 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// What the outbox holds.
     async fn outbox_stats(&self) -> Result<OutboxStats>;
+
+    /// Waits until rows may have become ready to take, or `max` at the longest: a relay
+    /// calls it when a take found nothing. A store that hears of commits wakes it early
+    /// (PostgreSQL's `NOTIFY`, sent by the enqueueing transaction and delivered at its
+    /// commit; an in-process notification on SQLite and in memory); the default only
+    /// sleeps, and the relay polls.
+    async fn wait_for_rows(&self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+/// A relay that holds leases now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxOwner {
+    /// The relay's owner name.
+    pub owner: String,
+    /// Rows it holds.
+    pub rows: u64,
+    /// When the last of its leases runs out, by the store's clock.
+    pub until: Option<SystemTime>,
+}
+
+/// A dead outbox row: it ran out of attempts, and its key waits behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadOutboxRow {
+    /// Its place in the outbox.
+    pub seq: u64,
+    /// Its ordering key.
+    pub key: Option<String>,
+    /// Its message's id.
+    pub message_id: String,
+    /// Publishes tried.
+    pub attempts: u32,
+    /// The last error, its reason.
+    pub reason: String,
+}
+
+impl OutboxOwner {
+    /// A lease holder.
+    pub fn new(owner: String, rows: u64, until: Option<SystemTime>) -> Self {
+        OutboxOwner { owner, rows, until }
+    }
+}
+
+impl DeadOutboxRow {
+    /// A dead row.
+    pub fn new(
+        seq: u64,
+        key: Option<String>,
+        message_id: String,
+        attempts: u32,
+        reason: String,
+    ) -> Self {
+        DeadOutboxRow {
+            seq,
+            key,
+            message_id,
+            attempts,
+            reason,
+        }
+    }
+}
+
+/// An outbox seen by the operator's tools (`justonce outbox`): object-safe, whatever the
+/// store's transaction type.
+#[async_trait]
+pub trait InspectOutbox: Send + Sync {
+    /// What the outbox holds.
+    async fn stats(&self) -> Result<OutboxStats>;
+
+    /// The relays that hold leases now.
+    async fn owners(&self) -> Result<Vec<OutboxOwner>>;
+
+    /// Up to `max` dead rows, in outbox order.
+    async fn dead_rows(&self, max: usize) -> Result<Vec<DeadOutboxRow>>;
+
+    /// Gives dead rows (`seqs`, or all when `None`) their attempts back: relays take them
+    /// again, in their place. Answers how many.
+    async fn revive(&self, seqs: Option<&[u64]>) -> Result<u64>;
+
+    /// Removes dead rows (`seqs`, or all when `None`) without sending them: their keys go
+    /// on. Answers how many.
+    async fn discard(&self, seqs: Option<&[u64]>) -> Result<u64>;
+}
+
+/// The namespace of [`outgoing_id`]'s UUIDv5s.
+pub const OUTGOING_ID_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x6a75_7374_6f6e_4365_8f75_7467_6f69_6e67);
+
+/// The id of the `ordinal`-th message (from 0) a handler of `consumer` sends while handling
+/// the message `incoming`: the UUIDv5, in [`OUTGOING_ID_NAMESPACE`], of the name
+/// `consumer` LF `incoming` LF `ordinal` (decimal). A handler that runs twice for one
+/// message (a retry, a redelivery after a crash) sends the same ids, so the next
+/// consumer's dedup absorbs every copy.
+///
+/// ```
+/// use justonce_core::{outgoing_id, MessageId};
+///
+/// let incoming = MessageId::new("PAY-1").unwrap();
+/// let first = outgoing_id("payments", &incoming, 0);
+/// assert_eq!(first, outgoing_id("payments", &incoming, 0));
+/// assert_ne!(first, outgoing_id("payments", &incoming, 1));
+/// assert_ne!(first, outgoing_id("refunds", &incoming, 0));
+/// assert_eq!(first.as_str().len(), 36);
+/// ```
+pub fn outgoing_id(consumer: &str, incoming: &MessageId, ordinal: u32) -> MessageId {
+    let name = format!("{consumer}\n{incoming}\n{ordinal}");
+    let id = uuid::Uuid::new_v5(&OUTGOING_ID_NAMESPACE, name.as_bytes());
+    MessageId::new(id.hyphenated().to_string()).expect("a UUID is a valid message id")
 }
 
 /// The largest payload an outbox takes unless told otherwise: 1 MiB.

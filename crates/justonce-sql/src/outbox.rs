@@ -11,8 +11,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use justonce_core::{
-    check_outgoing, Error, Message, MessageId, OutboxFailure, OutboxRow, OutboxStats, OutboxStore,
-    Result, DEFAULT_OUTBOX_MAX_PAYLOAD,
+    check_outgoing, DeadOutboxRow, Error, InspectOutbox, Message, MessageId, OutboxFailure,
+    OutboxOwner, OutboxRow, OutboxStats, OutboxStore, Result, DEFAULT_OUTBOX_MAX_PAYLOAD,
 };
 
 use crate::conn::{Arg, Conn};
@@ -26,24 +26,31 @@ pub struct OutboxOptions {
     pub table: String,
     /// The largest payload enqueued; larger ones are refused at enqueue (default 1 MiB).
     pub max_payload_bytes: usize,
+    /// Create the table if missing (default `true`); tools open with `false`.
+    pub create: bool,
 }
 
-crate::options::setters!(OutboxOptions { max_payload_bytes: usize } into { table });
+crate::options::setters!(OutboxOptions { max_payload_bytes: usize, create: bool } into { table });
 
 impl Default for OutboxOptions {
     fn default() -> Self {
         OutboxOptions {
             table: "jo_outbox".into(),
             max_payload_bytes: DEFAULT_OUTBOX_MAX_PAYLOAD,
+            create: true,
         }
     }
 }
 
 /// How a backend takes rows.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) enum TakeSql {
     /// One statement that leases and returns the rows: owner, lease in ms, max.
     Returning(String),
+    /// The same, in a transaction that first takes `lock` (no parameters), held to its
+    /// commit: one take at a time, each reading what the one before it leased.
+    Locked { lock: String, take: String },
     /// Under a named lock (`lock` and `unlock`, no parameters), one take at a time: `choose`
     /// (max) answers the seqs; `lease` (owner, lease in ms) and `read` end with `{seqs}`.
     Steps {
@@ -55,11 +62,51 @@ pub(crate) enum TakeSql {
     },
 }
 
+/// How a relay waiting for rows is woken.
+#[async_trait]
+pub(crate) trait Wake: Send + Sync + 'static {
+    /// A row was written in a transaction not yet committed.
+    fn enqueued(&self) {}
+
+    /// Waits for a wake-up, `max` at the longest.
+    async fn wait(&self, max: Duration);
+}
+
+/// No wake-up: relays poll (MariaDB).
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) struct Poll;
+
+#[async_trait]
+impl Wake for Poll {
+    async fn wait(&self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+/// Wakes one relay of this process at each enqueue (SQLite). The enqueue comes before its
+/// commit, but the woken relay's take is a write, which waits for the enqueueing
+/// transaction's write lock to go: it sees the row once it is committed. Relays in other
+/// processes poll.
+#[derive(Default)]
+pub(crate) struct Local(tokio::sync::Notify);
+
+#[async_trait]
+impl Wake for Local {
+    fn enqueued(&self) {
+        self.0.notify_one();
+    }
+
+    async fn wait(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.0.notified()).await;
+    }
+}
+
 /// A backend's outbox statements. Rows are read as `seq, okey, message_id, payload,
 /// headers, content_type, attempts`, the integers as 64-bit. Parameters, in order:
 /// - `enqueue_lock` (run before an enqueue with a key, so that seq order is commit order
 ///   per key): key;
-/// - `enqueue`: key, message id, payload, headers (JSON), content type;
+/// - `enqueue`: key, message id, payload, headers (JSON), content type; then `notify`
+///   (none), if any, in the same transaction;
 /// - `fail`: retry delay in ms, error, max attempts, seq; `is_dead`: seq;
 /// - `sent` and `release` end with `{seqs}`;
 /// - `stats`: none; one row of text: pending, leased, dead, oldest enqueue in ms.
@@ -67,12 +114,20 @@ pub(crate) enum TakeSql {
 pub(crate) struct OutboxSql {
     pub(crate) enqueue_lock: Option<String>,
     pub(crate) enqueue: String,
+    pub(crate) notify: Option<String>,
     pub(crate) take: TakeSql,
     pub(crate) fail: String,
     pub(crate) is_dead: String,
     pub(crate) sent: String,
     pub(crate) release: String,
     pub(crate) stats: String,
+    /// For tools, rows of text: `owners` (none): owner, rows, last lease end in ms;
+    /// `dead` (max): seq, key, message id, attempts, reason; `revive` and `discard` end
+    /// with `{and}` (nothing, or ` AND seq IN (…)`).
+    pub(crate) owners: String,
+    pub(crate) dead: String,
+    pub(crate) revive: String,
+    pub(crate) discard: String,
 }
 
 /// An outbox in a SQL store's database: [`SqliteOutbox`](crate::SqliteOutbox),
@@ -96,6 +151,7 @@ pub struct SqlOutbox<DB: sqlx::Database> {
     pool: sqlx::Pool<DB>,
     sql: Arc<OutboxSql>,
     max_payload: usize,
+    wake: Arc<dyn Wake>,
 }
 
 impl<DB: sqlx::Database> Clone for SqlOutbox<DB> {
@@ -104,6 +160,7 @@ impl<DB: sqlx::Database> Clone for SqlOutbox<DB> {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
             max_payload: self.max_payload,
+            wake: self.wake.clone(),
         }
     }
 }
@@ -117,11 +174,17 @@ impl<DB: sqlx::Database> std::fmt::Debug for SqlOutbox<DB> {
 }
 
 impl<DB: sqlx::Database> SqlOutbox<DB> {
-    pub(crate) fn new(pool: sqlx::Pool<DB>, sql: OutboxSql, opts: &OutboxOptions) -> Self {
+    pub(crate) fn new(
+        pool: sqlx::Pool<DB>,
+        sql: OutboxSql,
+        opts: &OutboxOptions,
+        wake: Arc<dyn Wake>,
+    ) -> Self {
         SqlOutbox {
             pool,
             sql: Arc::new(sql),
             max_payload: opts.max_payload_bytes,
+            wake,
         }
     }
 }
@@ -159,6 +222,10 @@ where
             Arg::MaybeText(message.content_type()),
         ];
         (**tx).execute(&self.sql.enqueue, &args).await?;
+        if let Some(notify) = &self.sql.notify {
+            (**tx).execute(notify, &[]).await?;
+        }
+        self.wake.enqueued();
         Ok(())
     }
 
@@ -169,6 +236,15 @@ where
             TakeSql::Returning(sql) => {
                 let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
                 (*conn).outbox_rows(sql, &args).await?
+            }
+            TakeSql::Locked { lock, take } => {
+                drop(conn);
+                let mut tx = self.pool.begin().await?;
+                (*tx).execute(lock, &[]).await?;
+                let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
+                let rows = (*tx).outbox_rows(take, &args).await?;
+                tx.commit().await?;
+                rows
             }
             TakeSql::Steps {
                 lock,
@@ -263,6 +339,82 @@ where
             number(&r[2]),
             oldest,
         ))
+    }
+
+    async fn wait_for_rows(&self, max: Duration) {
+        self.wake.wait(max).await;
+    }
+}
+
+#[async_trait]
+impl<DB> InspectOutbox for SqlOutbox<DB>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    async fn stats(&self) -> Result<OutboxStats> {
+        self.outbox_stats().await
+    }
+
+    async fn owners(&self) -> Result<Vec<OutboxOwner>> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = (*conn).text_rows(&self.sql.owners, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let until = r[2]
+                    .as_ref()
+                    .map(|_| UNIX_EPOCH + Duration::from_millis(number(&r[2])));
+                OutboxOwner::new(r[0].clone().unwrap_or_default(), number(&r[1]), until)
+            })
+            .collect())
+    }
+
+    async fn dead_rows(&self, max: usize) -> Result<Vec<DeadOutboxRow>> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = (*conn)
+            .text_rows(&self.sql.dead, &[Arg::Int(max as i64)])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                DeadOutboxRow::new(
+                    number(&r[0]),
+                    r[1].clone(),
+                    r[2].clone().unwrap_or_default(),
+                    number(&r[3]) as u32,
+                    r[4].clone().unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
+    async fn revive(&self, seqs: Option<&[u64]>) -> Result<u64> {
+        on_dead(&self.pool, &self.sql.revive, seqs).await
+    }
+
+    async fn discard(&self, seqs: Option<&[u64]>) -> Result<u64> {
+        on_dead(&self.pool, &self.sql.discard, seqs).await
+    }
+}
+
+/// Runs a statement on dead rows: all, or `seqs`.
+async fn on_dead<DB>(pool: &sqlx::Pool<DB>, sql: &str, seqs: Option<&[u64]>) -> Result<u64>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    {
+        let mut conn = pool.acquire().await?;
+        match seqs {
+            None => Ok((*conn).execute(&sql.replace("{and}", ""), &[]).await?),
+            Some(seqs) => {
+                let mut n = 0;
+                for chunk in seqs.chunks(500) {
+                    let and = with_seqs(" AND seq IN ({seqs})", chunk);
+                    n += (*conn).execute(&sql.replace("{and}", &and), &[]).await?;
+                }
+                Ok(n)
+            }
+        }
     }
 }
 

@@ -137,6 +137,7 @@ macro_rules! outbox_store_tests {
                 a_sent_row_is_gone_and_marking_it_again_is_harmless,
                 a_failed_row_waits_blocking_its_key_then_dies_visibly,
                 bad_outgoing_messages_are_refused_inside_the_transaction,
+                dead_rows_are_shown_revived_and_discarded,
             ]
         );
     };

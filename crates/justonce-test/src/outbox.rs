@@ -252,3 +252,62 @@ pub async fn bad_outgoing_messages_are_refused_inside_the_transaction<S, O>(
     let rows = b.outbox.take("r1", 10, LEASE).await.unwrap();
     assert_eq!(names(ns, &rows), ["ok"]);
 }
+
+/// The operator's view ([`InspectOutbox`](justonce_core::InspectOutbox)): who holds leases,
+/// the dead rows with their reasons; a revived row goes out again in its place, a
+/// discarded one frees its key.
+pub async fn dead_rows_are_shown_revived_and_discarded<S, O>(b: &Outboxed<S, O>, ns: &str)
+where
+    S: Store,
+    O: OutboxStore<Tx = S::Tx> + justonce_core::InspectOutbox,
+{
+    enqueue_committed(
+        b,
+        ns,
+        &[
+            ("a1", Some("A")),
+            ("a2", Some("A")),
+            ("b1", Some("B")),
+            ("b2", Some("B")),
+        ],
+    )
+    .await;
+    let rows = b.outbox.take("relay-x", 10, LEASE * 10).await.unwrap();
+    assert_eq!(rows.len(), 4);
+    let owners = b.outbox.owners().await.unwrap();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!((owners[0].owner.as_str(), owners[0].rows), ("relay-x", 4));
+    assert!(owners[0].until.is_some());
+    // a1 and b1 die at their first refusal; a2 and b2 go back behind them.
+    for r in [&rows[0], &rows[2]] {
+        let fate = b.outbox.mark_failed(r.seq, "NO_ROUTE", Duration::ZERO, 1);
+        assert_eq!(fate.await.unwrap(), OutboxFailure::Dead);
+    }
+    b.outbox.release(&[rows[1].seq, rows[3].seq]).await.unwrap();
+    let dead = b.outbox.dead_rows(10).await.unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead[0].seq, rows[0].seq);
+    assert_eq!(dead[0].key.as_deref(), Some("A"));
+    assert_eq!(dead[0].message_id, format!("{ns}-a1"));
+    assert_eq!((dead[0].attempts, dead[0].reason.as_str()), (1, "NO_ROUTE"));
+    assert!(
+        b.outbox.owners().await.unwrap().is_empty(),
+        "nothing leased now"
+    );
+    assert!(
+        b.outbox.take("r", 10, LEASE).await.unwrap().is_empty(),
+        "both keys blocked"
+    );
+
+    assert_eq!(b.outbox.revive(Some(&[rows[0].seq])).await.unwrap(), 1);
+    assert_eq!(b.outbox.discard(Some(&[rows[2].seq])).await.unwrap(), 1);
+    let again = b.outbox.take("r", 10, LEASE).await.unwrap();
+    assert_eq!(
+        names(ns, &again),
+        ["a1", "a2", "b2"],
+        "a1 revived in its place; b1 discarded, b2 goes on"
+    );
+    assert_eq!(again[0].attempts, 0, "revived with its attempts back");
+    assert_eq!(b.outbox.revive(None).await.unwrap(), 0);
+    assert_eq!(b.outbox.discard(None).await.unwrap(), 0);
+}

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use justonce_core::{
-    redact_url, Error, Inspect, InspectClaims, InspectStore, Publisher, Result, Source,
-    TransactionalAck,
+    redact_url, Error, Inspect, InspectClaims, InspectOutbox, InspectStore, Publisher, Result,
+    Source, TransactionalAck,
 };
 
 /// Every transport scheme, with its feature: for the error that lists them.
@@ -274,6 +274,43 @@ pub async fn inspect_store(url: &str, dedup_table: &str) -> Result<Arc<dyn Inspe
                 .dedup_table(dedup_table)
                 .create(false);
             Ok(Arc::new(justonce_sql::MySqlStore::open_with(url, o).await?))
+        }
+        #[allow(unreachable_patterns)]
+        kind => Err(Error::config(format!(
+            "the {} store needs justonce's `{}` feature",
+            kind.as_str(),
+            kind.feature()
+        ))),
+    }
+}
+
+/// The outbox of the store at `url`, in its table `table`, for tools (`justonce outbox`):
+/// nothing is created, and a SQLite file that does not exist is an error.
+#[allow(unused_variables)]
+pub async fn inspect_outbox(url: &str, table: &str) -> Result<Arc<dyn InspectOutbox>> {
+    #[cfg(feature = "sqlite")]
+    let o = justonce_sql::OutboxOptions::default()
+        .table(table)
+        .create(false);
+    match StoreKind::from_url(url)? {
+        #[cfg(feature = "sqlite")]
+        StoreKind::Sqlite => {
+            sqlite_file_exists(url)?;
+            let s = justonce_sql::SqliteStoreOptions::default().create(false);
+            let store = justonce_sql::SqliteStore::open_with(url, s).await?;
+            Ok(Arc::new(store.outbox_with(o).await?))
+        }
+        #[cfg(feature = "postgres")]
+        StoreKind::Postgres => {
+            let s = justonce_sql::PgStoreOptions::default().create(false);
+            let store = justonce_sql::PgStore::open_with(url, s).await?;
+            Ok(Arc::new(store.outbox_with(o).await?))
+        }
+        #[cfg(feature = "mysql")]
+        StoreKind::MySql => {
+            let s = justonce_sql::MySqlStoreOptions::default().create(false);
+            let store = justonce_sql::MySqlStore::open_with(url, s).await?;
+            Ok(Arc::new(store.outbox_with(o).await?))
         }
         #[allow(unreachable_patterns)]
         kind => Err(Error::config(format!(

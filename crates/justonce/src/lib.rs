@@ -83,6 +83,7 @@
 pub mod backend;
 pub mod consumer;
 pub mod doctor;
+pub mod relay;
 mod shutdown;
 
 /// `#[async_trait]`, for implementing the object-safe seams (`Source`, `Publisher`,
@@ -95,13 +96,14 @@ pub use consumer::{
     ConsumerOptions, Context, DedupOptions, FaultPoint, Handler, Health, Idempotency, RetryOptions,
 };
 pub use justonce_core::{
-    canonical_json, error_chain, failure_group, memory, redact_url, validate_identifier, Cas,
-    Check, CheckStatus, Claim, ClaimRecord, ClaimRecordState, ClaimState, ClaimStore,
-    ConsumerRecords, DeadLetter, DeadLetterEntry, DeadLetterReason, DedupKey, DedupRecord,
-    DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff, FailureGroup,
-    Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectStore, Message, MessageId,
-    OutboxFailure, OutboxRow, OutboxStats, OutboxStore, Publisher, Receipt, Replay, Result,
-    Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    canonical_json, error_chain, failure_group, memory, outgoing_id, redact_url,
+    validate_identifier, Cas, Check, CheckStatus, Claim, ClaimRecord, ClaimRecordState, ClaimState,
+    ClaimStore, ConsumerRecords, DeadLetter, DeadLetterEntry, DeadLetterReason, DeadOutboxRow,
+    DedupKey, DedupRecord, DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff,
+    FailureGroup, Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectOutbox,
+    InspectStore, Message, MessageId, OutboxFailure, OutboxOwner, OutboxRow, OutboxStats,
+    OutboxStore, Publisher, Receipt, Replay, Result, Semantics, Source, StateMachine, Store,
+    TransactionalAck, Transition, DEFAULT_OUTBOX_MAX_PAYLOAD,
 };
 pub use shutdown::shutdown_signal;
 
@@ -134,4 +136,7 @@ mod guides {
     #[cfg(feature = "postgres")]
     #[doc = include_str!("../../../docs/guide/postgres.md")]
     struct Postgres;
+    #[cfg(feature = "sqlite")]
+    #[doc = include_str!("../../../docs/guide/outbox.md")]
+    struct Outbox;
 }

@@ -10,4 +10,5 @@ mod kill;
 mod lab;
 mod logs;
 mod metrics;
+mod outbox;
 mod tool;

@@ -8,7 +8,10 @@ use tokio::time::Instant;
 
 use super::store::{lock, MemoryStore, MemoryTx};
 use crate::outbox::{check_outgoing, DEFAULT_MAX_PAYLOAD};
-use crate::{Message, OutboxFailure, OutboxRow, OutboxStats, OutboxStore, Result};
+use crate::{
+    DeadOutboxRow, InspectOutbox, Message, OutboxFailure, OutboxOwner, OutboxRow, OutboxStats,
+    OutboxStore, Result,
+};
 
 /// A committed outbox row.
 #[derive(Debug, Clone)]
@@ -16,6 +19,7 @@ pub(crate) struct Row {
     key: Option<String>,
     message: Message,
     attempts: u32,
+    owner: Option<String>,
     leased_until: Option<Instant>,
     due: Instant,
     dead: Option<String>,
@@ -28,6 +32,7 @@ impl Row {
             key,
             message,
             attempts: 0,
+            owner: None,
             leased_until: None,
             due: Instant::now(),
             dead: None,
@@ -50,7 +55,7 @@ impl OutboxStore for MemoryStore {
         Ok(())
     }
 
-    async fn take(&self, _owner: &str, max: usize, lease: Duration) -> Result<Vec<OutboxRow>> {
+    async fn take(&self, owner: &str, max: usize, lease: Duration) -> Result<Vec<OutboxRow>> {
         let now = Instant::now();
         let mut st = lock(&self.state);
         let mut blocked: HashSet<String> = HashSet::new();
@@ -70,6 +75,7 @@ impl OutboxStore for MemoryStore {
                 continue;
             }
             row.leased_until = Some(now + lease);
+            row.owner = Some(owner.to_owned());
             taken.push(OutboxRow {
                 seq: *seq,
                 key: row.key.clone(),
@@ -131,5 +137,77 @@ impl OutboxStore for MemoryStore {
         let oldest = live.map(|r| r.enqueued).min();
         let dead = st.outbox.values().filter(|r| r.dead.is_some()).count() as u64;
         Ok(OutboxStats::new(pending, leased, dead, oldest))
+    }
+
+    async fn wait_for_rows(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.outbox_ready.notified()).await;
+    }
+}
+
+#[async_trait]
+impl InspectOutbox for MemoryStore {
+    async fn stats(&self) -> Result<OutboxStats> {
+        self.outbox_stats().await
+    }
+
+    async fn owners(&self) -> Result<Vec<OutboxOwner>> {
+        let now = Instant::now();
+        let st = lock(&self.state);
+        let mut owners: std::collections::BTreeMap<String, (u64, Instant)> = Default::default();
+        for row in st.outbox.values() {
+            if let (Some(o), Some(t)) = (&row.owner, row.leased_until.filter(|t| *t > now)) {
+                let e = owners.entry(o.clone()).or_insert((0, t));
+                e.0 += 1;
+                e.1 = e.1.max(t);
+            }
+        }
+        Ok(owners
+            .into_iter()
+            .map(|(o, (n, t))| OutboxOwner::new(o, n, Some(SystemTime::now() + (t - now))))
+            .collect())
+    }
+
+    async fn dead_rows(&self, max: usize) -> Result<Vec<DeadOutboxRow>> {
+        let st = lock(&self.state);
+        Ok(st
+            .outbox
+            .iter()
+            .filter_map(|(seq, r)| {
+                let reason = r.dead.clone()?;
+                let id = r.message.id().map(|i| i.to_string()).unwrap_or_default();
+                Some(DeadOutboxRow::new(
+                    *seq,
+                    r.key.clone(),
+                    id,
+                    r.attempts,
+                    reason,
+                ))
+            })
+            .take(max)
+            .collect())
+    }
+
+    async fn revive(&self, seqs: Option<&[u64]>) -> Result<u64> {
+        let mut st = lock(&self.state);
+        let mut n = 0;
+        for (seq, row) in st.outbox.iter_mut() {
+            if row.dead.is_some() && seqs.is_none_or(|s| s.contains(seq)) {
+                row.dead = None;
+                row.attempts = 0;
+                row.due = Instant::now();
+                row.owner = None;
+                row.leased_until = None;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn discard(&self, seqs: Option<&[u64]>) -> Result<u64> {
+        let mut st = lock(&self.state);
+        let before = st.outbox.len();
+        st.outbox
+            .retain(|seq, r| !(r.dead.is_some() && seqs.is_none_or(|s| s.contains(seq))));
+        Ok((before - st.outbox.len()) as u64)
     }
 }

@@ -44,6 +44,8 @@ pub(super) struct State {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     pub(super) state: Arc<Mutex<State>>,
+    /// Woken when a commit adds outbox rows.
+    pub(super) outbox_ready: Arc<tokio::sync::Notify>,
 }
 
 /// A transaction of a [`MemoryStore`]: effects are staged until commit.
@@ -124,12 +126,17 @@ impl Store for MemoryStore {
             st.dedup.insert(k, (fp, now));
         }
         st.effects.append(&mut tx.effects);
+        let outgoing = !tx.outbox.is_empty();
         for (key, message) in tx.outbox.drain(..) {
             st.next_seq += 1;
             let seq = st.next_seq;
             st.outbox.insert(seq, super::outbox::Row::new(key, message));
         }
         st.commits += 1;
+        drop(st);
+        if outgoing {
+            self.outbox_ready.notify_one();
+        }
         Ok(())
     }
 

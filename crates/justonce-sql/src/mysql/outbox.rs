@@ -9,7 +9,7 @@ use justonce_core::{validate_identifier, Result};
 use sqlx::MySql;
 
 use super::MySqlStore;
-use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql};
+use crate::outbox::{OutboxOptions, OutboxSql, Poll, SqlOutbox, TakeSql};
 
 /// The outbox of a [`MySqlStore`] ([`SqlOutbox`]).
 pub type MySqlOutbox = SqlOutbox<MySql>;
@@ -24,8 +24,9 @@ impl MySqlStore {
     pub async fn outbox_with(&self, opts: OutboxOptions) -> Result<MySqlOutbox> {
         let t = &opts.table;
         validate_identifier(t)?;
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
+        if opts.create {
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
                  seq          BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
                  okey         VARCHAR(255),
                  message_id   VARCHAR(255) NOT NULL,
@@ -41,10 +42,16 @@ impl MySqlStore {
                  dead_reason  TEXT,
                  KEY {t}_okey (okey, seq)
              ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+            ))
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(SqlOutbox::new(
+            self.pool().clone(),
+            sql(t),
+            &opts,
+            std::sync::Arc::new(Poll),
         ))
-        .execute(self.pool())
-        .await?;
-        Ok(SqlOutbox::new(self.pool().clone(), sql(t), &opts))
     }
 }
 
@@ -69,17 +76,20 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
+        notify: None,
         take: TakeSql::Steps {
             lock: format!("SELECT CAST(GET_LOCK({lock}, 30) AS SIGNED)"),
             unlock: format!("SELECT CAST(RELEASE_LOCK({lock}) AS SIGNED)"),
             choose: format!(
                 "SELECT {} FROM {t} o
+                 LEFT JOIN (
+                     SELECT okey, MIN(seq) AS first FROM {t}
+                     WHERE okey IS NOT NULL AND (dead_reason IS NOT NULL OR due_at > {now}
+                                                 OR leased_until > {now})
+                     GROUP BY okey) b ON b.okey = o.okey
                  WHERE o.dead_reason IS NULL AND o.due_at <= {now}
                    AND (o.leased_until IS NULL OR o.leased_until <= {now})
-                   AND (o.okey IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM {t} e WHERE e.okey = o.okey AND e.seq < o.seq
-                         AND (e.dead_reason IS NOT NULL OR e.due_at > {now}
-                              OR e.leased_until > {now})))
+                   AND (b.first IS NULL OR o.seq < b.first)
                  ORDER BY o.seq LIMIT ?",
                 text("CAST(o.seq AS CHAR)")
             ),
@@ -110,5 +120,24 @@ fn sql(t: &str) -> OutboxSql {
                          THEN enqueued_at END)) * 1000 AS SIGNED) AS CHAR)
              FROM {t}"
         ),
+        owners: format!(
+            "SELECT {}, CAST(COUNT(*) AS CHAR),
+                    CAST(CAST(UNIX_TIMESTAMP(MAX(leased_until)) * 1000 AS SIGNED) AS CHAR)
+             FROM {t} WHERE leased_until > {now} GROUP BY owner ORDER BY owner",
+            text("owner")
+        ),
+        dead: format!(
+            "SELECT CAST(seq AS CHAR), {}, {}, CAST(attempts AS CHAR), {}
+             FROM {t} WHERE dead_reason IS NOT NULL ORDER BY seq LIMIT ?",
+            text("okey"),
+            text("message_id"),
+            text("dead_reason")
+        ),
+        revive: format!(
+            "UPDATE {t} SET dead_reason = NULL, attempts = 0, due_at = {now}, owner = NULL,
+                 leased_until = NULL
+             WHERE dead_reason IS NOT NULL{{and}}"
+        ),
+        discard: format!("DELETE FROM {t} WHERE dead_reason IS NOT NULL{{and}}"),
     }
 }

@@ -6,11 +6,14 @@ mod outbox;
 mod queue;
 mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use justonce_core::{redact_url, Error, Result};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
 
 pub use claims::PgClaimStore;
 pub use guard::{PgStateGuard, PgVersionGuard};
@@ -77,4 +80,41 @@ pub(crate) async fn create(pool: &PgPool, statements: &[String]) -> Result<()> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Stops a listener task when the last clone of its owner goes.
+#[derive(Debug)]
+pub(crate) struct AbortOnDrop(pub(crate) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Calls `wake` on each notification whose payload is `payload`. A lost connection is
+/// re-established by the listener; notifications sent meanwhile are lost, so `wake` is
+/// called after a reconnect too, and the woken poll in any case.
+pub(crate) async fn listen(
+    mut listener: PgListener,
+    payload: String,
+    wake: Arc<dyn Fn() + Send + Sync>,
+) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(n)) => {
+                if n.payload() == payload {
+                    wake();
+                }
+            }
+            Ok(None) => {
+                debug!(%payload, "LISTEN connection re-established; waking");
+                wake();
+            }
+            Err(e) => {
+                warn!(%payload, error = %e, "LISTEN connection failed; polling until it is back");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }

@@ -1,14 +1,24 @@
 //! The PostgreSQL outbox's schema and SQL ([`crate::outbox`] runs it). Per key, seq order
 //! is commit order: an enqueue with a key takes that key's transaction-scoped advisory
 //! lock first, so a second producer of the key waits for the first one's commit before it
-//! draws its seq. Relays take rows with `FOR UPDATE SKIP LOCKED` and, per key, a try-lock
-//! of their own, so two relays never hold one key at once.
+//! draws its seq. Takes run one at a time under a transaction-scoped advisory lock of the
+//! table (a few milliseconds each; relays spend their time publishing), skipping rows a
+//! mark or a release holds (`SKIP LOCKED`), so two relays never hold one key at once.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use justonce_core::{validate_identifier, Result};
-use sqlx::Postgres;
+use sqlx::postgres::PgListener;
+use sqlx::{PgPool, Postgres};
+use tokio::sync::{Notify, OnceCell};
 
-use super::PgStore;
-use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql};
+use super::{listen, AbortOnDrop, PgStore};
+use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql, Wake};
+
+/// The channel enqueues notify on; the payload is the outbox table's name.
+const CHANNEL: &str = "jo_outbox";
 
 /// The advisory lock classes: a producer's per-key lock, and a relay's.
 const ENQUEUE_LOCK: i32 = 0x6a6f_0001;
@@ -27,11 +37,12 @@ impl PgStore {
     pub async fn outbox_with(&self, opts: OutboxOptions) -> Result<PgOutbox> {
         let t = &opts.table;
         validate_identifier(t)?;
-        super::create(
-            self.pool(),
-            &[
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (
+        if opts.create {
+            super::create(
+                self.pool(),
+                &[
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {t} (
                          seq          BIGSERIAL   PRIMARY KEY,
                          okey         TEXT        COLLATE \"C\",
                          message_id   TEXT        NOT NULL,
@@ -45,14 +56,59 @@ impl PgStore {
                          leased_until TIMESTAMPTZ,
                          last_error   TEXT,
                          dead_reason  TEXT)"
-                ),
-                format!(
+                    ),
+                    format!(
                     "CREATE INDEX IF NOT EXISTS {t}_okey ON {t} (okey, seq) WHERE okey IS NOT NULL"
                 ),
-            ],
-        )
-        .await?;
-        Ok(SqlOutbox::new(self.pool().clone(), sql(t), &opts))
+                ],
+            )
+            .await?;
+        }
+        let wake = Arc::new(Listen {
+            pool: self.pool().clone(),
+            table: t.clone(),
+            notify: Arc::new(Notify::new()),
+            listener: OnceCell::new(),
+        });
+        Ok(SqlOutbox::new(self.pool().clone(), sql(t), &opts, wake))
+    }
+}
+
+/// Wakes relays on the `NOTIFY` an enqueueing transaction sends, which PostgreSQL
+/// delivers at its commit (and never if it rolls back). The listener starts at a relay's
+/// first wait, on a connection of the pool it keeps; a producer that only enqueues holds
+/// none.
+struct Listen {
+    pool: PgPool,
+    table: String,
+    notify: Arc<Notify>,
+    listener: OnceCell<AbortOnDrop>,
+}
+
+impl Listen {
+    async fn start(&self) -> Result<AbortOnDrop> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let notify = self.notify.clone();
+        // One permit, so a notification that arrives while the relay publishes is kept.
+        let wake = Arc::new(move || notify.notify_one());
+        Ok(AbortOnDrop(tokio::spawn(listen(
+            listener,
+            self.table.clone(),
+            wake,
+        ))))
+    }
+}
+
+#[async_trait]
+impl Wake for Listen {
+    async fn wait(&self, max: Duration) {
+        if let Err(e) = self.listener.get_or_try_init(|| self.start()).await {
+            tracing::warn!(error = %e, "cannot LISTEN for outbox commits; the relay polls");
+            tokio::time::sleep(max).await;
+            return;
+        }
+        let _ = tokio::time::timeout(max, self.notify.notified()).await;
     }
 }
 
@@ -67,24 +123,34 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type)
              VALUES ($1, $2, $3, $4, $5)"
         ),
-        take: TakeSql::Returning(format!(
-            "WITH chosen AS (
-                 SELECT o.seq FROM {t} o
-                 WHERE o.dead_reason IS NULL AND o.due_at <= {now}
-                   AND (o.leased_until IS NULL OR o.leased_until <= {now})
-                   AND (o.okey IS NULL OR (
-                       NOT EXISTS (
-                           SELECT 1 FROM {t} e WHERE e.okey = o.okey AND e.seq < o.seq
-                             AND (e.dead_reason IS NOT NULL OR e.due_at > {now}
-                                  OR e.leased_until > {now}))
-                       AND pg_try_advisory_xact_lock({TAKE_LOCK}, hashtext(o.okey))))
-                 ORDER BY o.seq LIMIT $3
-                 FOR UPDATE SKIP LOCKED)
-             UPDATE {t} SET owner = $1, leased_until = {now} + $2 {ms}
-             FROM chosen WHERE {t}.seq = chosen.seq
-             RETURNING {t}.seq, {t}.okey, {t}.message_id, {t}.payload, {t}.headers,
-                       {t}.content_type, {t}.attempts"
-        )),
+        notify: Some(format!("SELECT pg_notify('{CHANNEL}', '{t}')")),
+        // Takes are serialised by a transaction-scoped lock, and run their statement after
+        // it, so each reads the leases of the one before. Per-key try-locks inside one
+        // statement are not enough: under READ COMMITTED the statement's snapshot is taken
+        // before a concurrent take commits and frees its key, and the later rows of that
+        // key, read after it, would pass both the "no earlier row leased" check (the
+        // snapshot's) and the lock (free by then), overtaking the rows just leased.
+        take: TakeSql::Locked {
+            lock: format!("SELECT pg_advisory_xact_lock({TAKE_LOCK}, hashtext('{t}'))::text"),
+            take: format!(
+                "WITH blocked AS (
+                     SELECT okey, min(seq) AS first FROM {t}
+                     WHERE okey IS NOT NULL AND (dead_reason IS NOT NULL OR due_at > {now}
+                                                 OR leased_until > {now})
+                     GROUP BY okey),
+                 chosen AS (
+                     SELECT o.seq FROM {t} o LEFT JOIN blocked b ON b.okey = o.okey
+                     WHERE o.dead_reason IS NULL AND o.due_at <= {now}
+                       AND (o.leased_until IS NULL OR o.leased_until <= {now})
+                       AND (b.first IS NULL OR o.seq < b.first)
+                     ORDER BY o.seq LIMIT $3
+                     FOR UPDATE OF o SKIP LOCKED)
+                 UPDATE {t} SET owner = $1, leased_until = {now} + $2 {ms}
+                 FROM chosen WHERE {t}.seq = chosen.seq
+                 RETURNING {t}.seq, {t}.okey, {t}.message_id, {t}.payload, {t}.headers,
+                           {t}.content_type, {t}.attempts"
+            ),
+        },
         fail: format!(
             "UPDATE {t} SET attempts = attempts + 1, owner = NULL, leased_until = NULL,
                  due_at = {now} + $1 {ms}, last_error = $2,
@@ -106,5 +172,20 @@ fn sql(t: &str) -> OutboxSql {
                       * 1000)::bigint)::text
              FROM {t}"
         ),
+        owners: format!(
+            "SELECT owner, count(*)::text,
+                    ((EXTRACT(EPOCH FROM max(leased_until)) * 1000)::bigint)::text
+             FROM {t} WHERE leased_until > {now} GROUP BY owner ORDER BY owner"
+        ),
+        dead: format!(
+            "SELECT seq::text, okey, message_id, attempts::text, dead_reason FROM {t}
+             WHERE dead_reason IS NOT NULL ORDER BY seq LIMIT $1"
+        ),
+        revive: format!(
+            "UPDATE {t} SET dead_reason = NULL, attempts = 0, due_at = {now}, owner = NULL,
+                 leased_until = NULL
+             WHERE dead_reason IS NOT NULL{{and}}"
+        ),
+        discard: format!("DELETE FROM {t} WHERE dead_reason IS NOT NULL{{and}}"),
     }
 }

@@ -9,11 +9,9 @@ use justonce_core::{
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, warn};
 
-use super::{connect, create, PgTx, MS};
+use super::{connect, create, listen, AbortOnDrop, PgTx, MS};
 use crate::queue::{
     dead_letter_entries, message_from_row, move_dead_letters, must_hold, DeadLetter, DeadLetterSql,
     QueueStats,
@@ -123,16 +121,6 @@ pub struct PgQueue {
     _listener: Arc<AbortOnDrop>,
 }
 
-/// Stops the listener task when the last clone of the queue goes.
-#[derive(Debug)]
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Token {
     seq: i64,
@@ -168,7 +156,12 @@ impl PgQueue {
             )
         })?;
         listener.listen(CHANNEL).await?;
-        let task = tokio::spawn(listen(listener, queue.to_owned(), notify.clone()));
+        let wake = notify.clone();
+        let task = tokio::spawn(listen(
+            listener,
+            queue.to_owned(),
+            Arc::new(move || wake.notify_waiters()),
+        ));
         Ok(PgQueue {
             pool,
             queue: queue.to_owned(),
@@ -274,29 +267,6 @@ impl PgQueue {
         .fetch_one(&self.pool)
         .await?;
         Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)))
-    }
-}
-
-/// Wakes this queue's receivers on each notification for it. A lost connection is
-/// re-established by the listener; notifications sent meanwhile are lost, so receivers are
-/// woken after a reconnect, and they poll at `poll_interval` in any case.
-async fn listen(mut listener: PgListener, queue: String, notify: Arc<Notify>) {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(n)) => {
-                if n.payload() == queue {
-                    notify.notify_waiters();
-                }
-            }
-            Ok(None) => {
-                debug!(%queue, "LISTEN connection re-established; waking receivers");
-                notify.notify_waiters();
-            }
-            Err(e) => {
-                warn!(%queue, error = %e, "LISTEN connection failed; receivers poll until it is back");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 

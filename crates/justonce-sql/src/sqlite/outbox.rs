@@ -6,7 +6,7 @@ use justonce_core::{validate_identifier, Result};
 use sqlx::Sqlite;
 
 use super::{SqliteStore, NOW_MS};
-use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql};
+use crate::outbox::{Local, OutboxOptions, OutboxSql, SqlOutbox, TakeSql};
 
 /// The outbox of a [`SqliteStore`] ([`SqlOutbox`]).
 pub type SqliteOutbox = SqlOutbox<Sqlite>;
@@ -21,8 +21,9 @@ impl SqliteStore {
     pub async fn outbox_with(&self, opts: OutboxOptions) -> Result<SqliteOutbox> {
         let t = &opts.table;
         validate_identifier(t)?;
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
+        if opts.create {
+            sqlx::raw_sql(&format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
                  seq          INTEGER PRIMARY KEY AUTOINCREMENT,
                  okey         TEXT,
                  message_id   TEXT    NOT NULL,
@@ -38,10 +39,16 @@ impl SqliteStore {
                  dead_reason  TEXT
              );
              CREATE INDEX IF NOT EXISTS {t}_okey ON {t} (okey, seq) WHERE okey IS NOT NULL;"
+            ))
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(SqlOutbox::new(
+            self.pool().clone(),
+            sql(t),
+            &opts,
+            std::sync::Arc::new(Local::default()),
         ))
-        .execute(self.pool())
-        .await?;
-        Ok(SqlOutbox::new(self.pool().clone(), sql(t), &opts))
     }
 }
 
@@ -53,16 +60,19 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
+        notify: None,
         take: TakeSql::Returning(format!(
             "UPDATE {t} SET owner = ?1, leased_until = {now} + ?2
              WHERE seq IN (
                  SELECT o.seq FROM {t} o
+                 LEFT JOIN (
+                     SELECT okey, MIN(seq) AS first FROM {t}
+                     WHERE okey IS NOT NULL AND (dead_reason IS NOT NULL OR due_at > {now}
+                                                 OR leased_until > {now})
+                     GROUP BY okey) b ON b.okey = o.okey
                  WHERE o.dead_reason IS NULL AND o.due_at <= {now}
                    AND (o.leased_until IS NULL OR o.leased_until <= {now})
-                   AND (o.okey IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM {t} e WHERE e.okey = o.okey AND e.seq < o.seq
-                         AND (e.dead_reason IS NOT NULL OR e.due_at > {now}
-                              OR e.leased_until > {now})))
+                   AND (b.first IS NULL OR o.seq < b.first)
                  ORDER BY o.seq LIMIT ?3)
              RETURNING seq, okey, message_id, payload, headers, content_type, attempts"
         )),
@@ -84,5 +94,19 @@ fn sql(t: &str) -> OutboxSql {
                     CAST(MIN(CASE WHEN dead_reason IS NULL THEN enqueued_at END) AS TEXT)
              FROM {t}"
         ),
+        owners: format!(
+            "SELECT owner, CAST(COUNT(*) AS TEXT), CAST(MAX(leased_until) AS TEXT)
+             FROM {t} WHERE leased_until > {now} GROUP BY owner ORDER BY owner"
+        ),
+        dead: format!(
+            "SELECT CAST(seq AS TEXT), okey, message_id, CAST(attempts AS TEXT), dead_reason
+             FROM {t} WHERE dead_reason IS NOT NULL ORDER BY seq LIMIT ?"
+        ),
+        revive: format!(
+            "UPDATE {t} SET dead_reason = NULL, attempts = 0, due_at = {now}, owner = NULL,
+                 leased_until = NULL
+             WHERE dead_reason IS NOT NULL{{and}}"
+        ),
+        discard: format!("DELETE FROM {t} WHERE dead_reason IS NOT NULL{{and}}"),
     }
 }

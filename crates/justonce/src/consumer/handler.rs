@@ -1,7 +1,9 @@
 use std::future::Future;
 use std::sync::Mutex;
 
-use justonce_core::{Delivery, Disposition, Message, MessageId, Result};
+use justonce_core::{
+    outgoing_id, Delivery, Disposition, Error, ErrorKind, Message, MessageId, Result,
+};
 
 /// What a handler knows about the delivery it is handling.
 #[derive(Debug)]
@@ -11,6 +13,10 @@ pub struct Context<'a> {
     pub(crate) id: Option<&'a MessageId>,
     pub(crate) token: Option<u64>,
     pub(crate) result: Mutex<Option<Vec<u8>>>,
+    /// Whether the consumer has an outbox to send through.
+    pub(crate) can_send: bool,
+    /// Messages sent, with their ordering keys, enqueued once the handler returns `Ok`.
+    pub(crate) outgoing: Mutex<Vec<(Option<String>, Message)>>,
 }
 
 impl<'a> Context<'a> {
@@ -57,6 +63,53 @@ impl<'a> Context<'a> {
     /// [`Handler::on_duplicate`].
     pub fn set_result(&self, result: impl Into<Vec<u8>>) {
         *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result.into());
+    }
+
+    /// Sends `message` through the consumer's outbox
+    /// ([`Consumer::with_outbox`](crate::Consumer::with_outbox)): it is written in the
+    /// batch's transaction once the handler returns [`Disposition::Ok`], and leaves, by
+    /// the outbox's relay, only after that transaction commits. A handler that fails, or
+    /// whose message is retried or dead-lettered, sends nothing.
+    ///
+    /// Its id is replaced by [`outgoing_id`]`(consumer, incoming id, ordinal)`, the
+    /// ordinal counting this handler run's sends from 0: a handler that runs again for
+    /// the same message sends the same ids, so the next consumer's dedup absorbs every
+    /// copy. Returns that id.
+    ///
+    /// Fails when the consumer has no outbox ([`ErrorKind::Config`], which fails the batch
+    /// rather than the message) or the incoming message has no id.
+    pub fn send(&self, message: Message) -> Result<MessageId> {
+        self.push(None, message)
+    }
+
+    /// As [`Context::send`], in the order of `key`: the relay publishes the messages of one
+    /// ordering key in the order they were committed.
+    pub fn send_keyed(&self, key: impl Into<String>, message: Message) -> Result<MessageId> {
+        self.push(Some(key.into()), message)
+    }
+
+    fn push(&self, key: Option<String>, message: Message) -> Result<MessageId> {
+        if !self.can_send {
+            return Err(Error::config(format!(
+                "consumer `{}` has no outbox to send through: give it one with \
+                 Consumer::with_outbox",
+                self.consumer
+            )));
+        }
+        let incoming = self.id.ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "a message without an id cannot send: the ids of what it sends derive from it",
+            )
+        })?;
+        let mut out = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+        let id = outgoing_id(self.consumer, incoming, out.len() as u32);
+        out.push((key, message.with_message_id(Some(id.clone()))));
+        Ok(id)
+    }
+
+    pub(crate) fn take_outgoing(&self) -> Vec<(Option<String>, Message)> {
+        std::mem::take(&mut *self.outgoing.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub(crate) fn take_result(&self) -> Option<Vec<u8>> {

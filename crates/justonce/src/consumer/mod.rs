@@ -49,8 +49,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use justonce_core::{
-    ClaimStore, DedupStore, Error, ErrorKind, ExponentialBackoff, MessageId, Result, Semantics,
-    Source, TransactionalAck,
+    ClaimStore, DedupStore, Error, ErrorKind, ExponentialBackoff, MessageId, OutboxStore, Result,
+    Semantics, Source, TransactionalAck,
 };
 use tokio::sync::watch;
 
@@ -100,6 +100,7 @@ struct Inner<S: DedupStore, H> {
     observer: Option<Arc<dyn CommitObserver>>,
     claims: Option<Arc<dyn ClaimStore>>,
     tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
+    outbox: Option<Arc<dyn OutboxStore<Tx = S::Tx>>>,
     breaker: Mutex<Breaker>,
     /// Registered at the first batch, so that a recorder installed before it sees them.
     instruments: OnceLock<Instruments>,
@@ -230,6 +231,7 @@ where
                 observer: None,
                 claims: None,
                 tx_ack: None,
+                outbox: None,
                 breaker,
                 instruments: OnceLock::new(),
                 health: Health::default(),
@@ -248,6 +250,39 @@ where
     /// before running.
     pub fn with_commit_observer(self, observer: Arc<dyn CommitObserver>) -> Self {
         self.modify(|inner| inner.observer = Some(observer))
+    }
+
+    /// Gives the handlers an outbox to send follow-up messages through
+    /// ([`Context::send`]): what a handler sends is written in its batch's transaction, in
+    /// the same database as its effects and its dedup record, and leaves only after the
+    /// commit, by a [`Relay`](crate::relay::Relay) of that outbox. Call before running.
+    ///
+    /// ```no_run
+    /// use justonce::sql::{SqliteQueue, SqliteStore, SqliteTx};
+    /// use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Result};
+    ///
+    /// struct Pay;
+    ///
+    /// impl Handler<SqliteTx> for Pay {
+    ///     async fn handle(&self, cx: &Context<'_>, tx: &mut SqliteTx) -> Result<Disposition> {
+    ///         // … apply the payment in `tx` …
+    ///         # let _ = tx;
+    ///         cx.send_keyed("account-7", Message::new(r#"{"receipt":"for the payment"}"#))?;
+    ///         Ok(Disposition::Ok)
+    ///     }
+    /// }
+    ///
+    /// # async fn run() -> Result<()> {
+    /// let store = SqliteStore::open("sqlite:app.db").await?;
+    /// let outbox = store.outbox().await?;
+    /// let payments = SqliteQueue::open("sqlite:queue.db", "payments").await?;
+    /// let consumer = Consumer::new(ConsumerOptions::new("payments"), payments, store, Pay)?
+    ///     .with_outbox(outbox);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_outbox(self, outbox: impl OutboxStore<Tx = S::Tx>) -> Self {
+        let outbox: Arc<dyn OutboxStore<Tx = S::Tx>> = Arc::new(outbox);
+        self.modify(|inner| inner.outbox = Some(outbox))
     }
 
     /// Sets the claim store that [`Idempotency::Claim`] takes its claims in. Call before running.

@@ -194,7 +194,18 @@ where
             },
         );
         *result = cx.take_result();
+        let outgoing = cx.take_outgoing();
         Ok(match outcome {
+            Ok(Disposition::Ok) if !outgoing.is_empty() => {
+                match self.enqueue_outgoing(tx, outgoing).await {
+                    Ok(()) => Disposition::Ok,
+                    Err(e) if !e.kind().is_message_fault() => return Err(e),
+                    Err(e) => Disposition::dead_letter(format!(
+                        "a message it sent was refused by the outbox: {}",
+                        justonce_core::error_chain(&e)
+                    )),
+                }
+            }
             Ok(disposition) => disposition,
             Err(e)
                 if e.kind() == ErrorKind::UniqueViolation
@@ -222,6 +233,23 @@ where
             id: slot.id.as_ref(),
             token: slot.token,
             result: Mutex::new(None),
+            can_send: self.outbox.is_some(),
+            outgoing: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Writes what a handler sent into its transaction, in the order it sent them.
+    async fn enqueue_outgoing(
+        &self,
+        tx: &mut S::Tx,
+        outgoing: Vec<(Option<String>, Message)>,
+    ) -> Result<()> {
+        let Some(outbox) = &self.outbox else {
+            return Err(Error::config("a handler sent with no outbox"));
+        };
+        for (key, message) in &outgoing {
+            outbox.enqueue(tx, message, key.as_deref()).await?;
+        }
+        Ok(())
     }
 }

@@ -364,3 +364,77 @@ async fn a_queue_bound_to_an_existing_topic_exchange_consumes_effectively_once()
         .await
         .unwrap();
 }
+
+/// The relay into RabbitMQ with confirms: every committed row reaches the queue; a row the
+/// broker cannot route (mandatory, returned) is retried, then dead, holding only its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_with_confirms_and_an_unroutable_row_dies_visibly() {
+    use justonce::relay::{Relay, RelayOptions};
+    use justonce::{OutboxStore, Store};
+    use justonce_amqp::AmqpPublisher;
+
+    let _broker = BROKER.lock().await;
+    let Some(f) = fixture("relay").await else {
+        return;
+    };
+    let outbox = f.store.outbox().await.unwrap();
+    let mut tx = f.store.begin().await.unwrap();
+    for m in orders(0..200) {
+        outbox.enqueue(&mut tx, &m, Some("acct")).await.unwrap();
+    }
+    f.store.commit(tx).await.unwrap();
+    let source = AmqpSource::connect(&f.url, f.opts.clone()).await.unwrap();
+    let publisher = AmqpPublisher::connect(&f.url, f.opts.clone())
+        .await
+        .unwrap();
+    let opts = RelayOptions::default()
+        .retry(Duration::from_millis(20), Duration::from_millis(40))
+        .max_attempts(2);
+    let relay = Relay::new(outbox.clone(), publisher, opts.clone()).unwrap();
+    while relay.relay_once().await.unwrap().taken > 0 {}
+    assert_eq!(outbox.outbox_stats().await.unwrap().pending, 0);
+    let mut got = 0;
+    while got < 200 {
+        let batch = source.receive(100, Duration::from_secs(5)).await.unwrap();
+        assert!(!batch.is_empty(), "only {got} of 200 reached the queue");
+        got += batch.len();
+        let receipts: Vec<_> = batch.iter().map(|d| &d.receipt).collect();
+        source.ack(&receipts).await.unwrap();
+    }
+
+    // Routed to an exchange with nothing bound under this key.
+    let nowhere = f
+        .opts
+        .clone()
+        .publish_to("amq.direct", format!("{}-nowhere", f.opts.queue));
+    let lost = AmqpPublisher::connect(&f.url, nowhere).await.unwrap();
+    let mut tx = f.store.begin().await.unwrap();
+    for m in orders(900..902) {
+        outbox.enqueue(&mut tx, &m, Some("acct")).await.unwrap();
+    }
+    f.store.commit(tx).await.unwrap();
+    let relay = Relay::new(outbox.clone(), lost, opts).unwrap();
+    for _ in 0..50 {
+        relay.relay_once().await.unwrap();
+        if outbox.outbox_stats().await.unwrap().dead == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = outbox.outbox_stats().await.unwrap();
+    assert_eq!(
+        (stats.dead, stats.pending),
+        (1, 1),
+        "dead, its key's next row behind it"
+    );
+    let (reason,): (String,) =
+        sqlx::query_as("SELECT dead_reason FROM jo_outbox WHERE dead_reason IS NOT NULL")
+            .fetch_one(f.store.pool())
+            .await
+            .unwrap();
+    assert!(
+        reason.contains("NO_ROUTE") || reason.contains("unroutable") || reason.contains("312"),
+        "{reason}"
+    );
+    source.delete_topology().await.unwrap();
+}

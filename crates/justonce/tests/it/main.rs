@@ -4,8 +4,10 @@
 mod amqp;
 mod environment;
 mod metrics;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod relay;
 mod replay;
 mod rules;
 mod sqlite;

@@ -58,7 +58,7 @@ fn pg_ctl(action: &str) -> std::io::Result<std::process::Output> {
 /// The restart tests restart the one PostgreSQL server: one at a time, and no other test of
 /// this file runs meanwhile. Taken before the service check, which a restart in progress
 /// would fail.
-static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where the orders wait: the embedded SQLite queue, or a PostgreSQL queue in the database
 /// of the store, acked inside the business transaction.

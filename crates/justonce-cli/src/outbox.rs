@@ -1,0 +1,251 @@
+//! `justonce outbox`: an outbox's backlog, its relays and its dead rows (`status`), what to
+//! do with the dead ones (`revive`, `discard`), and a relay as a process of its own
+//! (`relay`).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use justonce::backend::StoreKind;
+use justonce::relay::{Relay, RelayOptions};
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::{InspectOutbox, OutboxStore};
+use serde_json::json;
+
+/// Arguments of `justonce outbox`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct OutboxArgs {
+    #[command(subcommand)]
+    command: OutboxCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum OutboxCommand {
+    /// Pending rows, the oldest one's age, dead rows with their reasons, and the relays
+    /// holding leases.
+    Status {
+        #[command(flatten)]
+        at: At,
+        /// Dead rows listed at most.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Gives dead rows their attempts back: relays send them again, in their place.
+    Revive {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Removes dead rows without sending them; their keys go on.
+    Discard {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Relays the outbox to a transport until SIGINT/SIGTERM (confirm, then mark).
+    Relay(RelayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct At {
+    /// Store URL (the outbox's database: sqlite:PATH, postgres://… or mysql://…).
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// The outbox table.
+    #[arg(long, default_value = "jo_outbox")]
+    table: String,
+}
+
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// The dead rows' seqs (as `status` lists them).
+    #[arg(long, value_delimiter = ',', value_name = "SEQ,…")]
+    seq: Vec<u64>,
+    /// Every dead row.
+    #[arg(long)]
+    all: bool,
+}
+
+impl Which {
+    fn seqs(&self) -> Option<&[u64]> {
+        (!self.all).then_some(self.seq.as_slice())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    at: At,
+    /// Transport URL to publish to (sqlite:PATH, postgres://… or amqp://…).
+    #[arg(long, value_name = "URL")]
+    transport: String,
+    /// The queue the rows go to.
+    #[arg(long)]
+    queue: String,
+    /// Rows published at once.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Relay loops in this process.
+    #[arg(long, default_value_t = 2)]
+    concurrency: usize,
+    /// How long a taken row is this relay's, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Refused publishes of one row before it is dead.
+    #[arg(long, default_value_t = 10)]
+    max_attempts: u32,
+    /// Exit 0 once the outbox holds nothing to send.
+    #[arg(long)]
+    exit_when_drained: bool,
+    /// Serve Prometheus metrics (the `justonce_outbox_*` series) on `/metrics` here.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
+}
+
+pub(crate) async fn run(args: OutboxArgs) -> anyhow::Result<()> {
+    match args.command {
+        OutboxCommand::Status { at, limit, json } => status(&at, limit, json).await,
+        OutboxCommand::Revive { at, which } => {
+            let n = open(&at).await?.revive(which.seqs()).await?;
+            println!("revived {n} dead row(s)");
+            Ok(())
+        }
+        OutboxCommand::Discard { at, which } => {
+            let n = open(&at).await?.discard(which.seqs()).await?;
+            println!("discarded {n} dead row(s)");
+            Ok(())
+        }
+        OutboxCommand::Relay(args) => match StoreKind::from_url(&args.at.store)? {
+            StoreKind::Sqlite => {
+                let store = SqliteStore::open(&args.at.store).await?;
+                relay(store.outbox_with(table(&args.at)).await?, &args).await
+            }
+            StoreKind::Postgres => {
+                let store = PgStore::open(&args.at.store).await?;
+                relay(store.outbox_with(table(&args.at)).await?, &args).await
+            }
+            StoreKind::MySql => {
+                let store = MySqlStore::open(&args.at.store).await?;
+                relay(store.outbox_with(table(&args.at)).await?, &args).await
+            }
+        },
+    }
+}
+
+fn table(at: &At) -> justonce::sql::OutboxOptions {
+    justonce::sql::OutboxOptions::default().table(at.table.clone())
+}
+
+async fn open(at: &At) -> anyhow::Result<Arc<dyn InspectOutbox>> {
+    Ok(justonce::backend::inspect_outbox(&at.store, &at.table).await?)
+}
+
+fn age(t: Option<SystemTime>) -> Option<f64> {
+    t.map(|t| {
+        SystemTime::now()
+            .duration_since(t)
+            .unwrap_or_default()
+            .as_secs_f64()
+    })
+}
+
+fn secs_until(t: Option<SystemTime>) -> Option<f64> {
+    t.map(|t| {
+        t.duration_since(SystemTime::now())
+            .unwrap_or_default()
+            .as_secs_f64()
+    })
+}
+
+async fn status(at: &At, limit: usize, as_json: bool) -> anyhow::Result<()> {
+    let outbox = open(at).await?;
+    let stats = outbox.stats().await?;
+    let owners = outbox.owners().await?;
+    let dead = outbox.dead_rows(limit).await?;
+    if as_json {
+        let out = json!({
+            "store": justonce::redact_url(&at.store),
+            "table": at.table,
+            "pending": stats.pending,
+            "leased": stats.leased,
+            "dead": stats.dead,
+            "oldest_pending_age_secs": age(stats.oldest),
+            "relays": owners.iter().map(|o| json!({
+                "owner": o.owner, "rows": o.rows, "lease_left_secs": secs_until(o.until),
+            })).collect::<Vec<_>>(),
+            "dead_rows": dead.iter().map(|d| json!({
+                "seq": d.seq, "key": d.key, "message_id": d.message_id,
+                "attempts": d.attempts, "reason": d.reason,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("outbox {} at {}", at.table, justonce::redact_url(&at.store));
+    let oldest = age(stats.oldest).map_or("-".into(), |a| format!("{a:.1} s"));
+    println!(
+        "  pending {}  (leased {})  oldest {}  dead {}",
+        stats.pending, stats.leased, oldest, stats.dead
+    );
+    if owners.is_empty() {
+        println!("  relays: none holds a lease");
+    }
+    for o in &owners {
+        let left = secs_until(o.until).map_or("-".into(), |s| format!("{s:.1} s"));
+        println!("  relay {}: {} row(s), lease {left} left", o.owner, o.rows);
+    }
+    if !dead.is_empty() {
+        println!("  dead rows (each blocks its key; `justonce outbox revive|discard`):");
+    }
+    for d in &dead {
+        println!(
+            "    seq {}  key {}  id {}  after {} attempt(s): {}",
+            d.seq,
+            d.key.as_deref().unwrap_or("-"),
+            d.message_id,
+            d.attempts,
+            d.reason
+        );
+    }
+    if stats.dead as usize > dead.len() {
+        println!("    … and {} more", stats.dead as usize - dead.len());
+    }
+    Ok(())
+}
+
+async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        crate::serve::serve(addr, Arc::new(|| Ok(()))).await?;
+    }
+    let bus = crate::bus::Bus::open_publisher(&args.transport, &args.queue, &args.topology).await?;
+    let lease = Duration::from_millis(args.lease_ms);
+    let opts = RelayOptions::default()
+        .batch(args.batch)
+        .concurrency(args.concurrency)
+        .lease(lease)
+        .publish_timeout(lease / 3)
+        .max_attempts(args.max_attempts)
+        .name(args.at.table.clone());
+    let relay = Relay::new(outbox, bus.publisher(), opts)?;
+    if args.exit_when_drained {
+        loop {
+            let r = relay.relay_once().await?;
+            if r.taken == 0 {
+                let stats = relay.outbox().outbox_stats().await?;
+                if stats.pending == 0 {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    relay.run_until(justonce::shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,400 @@
+//! The relay: publishes an outbox's committed rows through any [`Publisher`], and marks
+//! each sent only after its publish is durable (confirm, then mark).
+//!
+//! - **Several relays at once** (tasks of one relay, relay processes): the outbox leases
+//!   each row to one of them ([`OutboxStore::take`]); a relay that dies leaves its rows to
+//!   the others when their lease runs out.
+//! - **Order per key**: rows of one ordering key go out in the order they were enqueued,
+//!   one relay at a time per key; rows of different keys and rows with none in parallel.
+//!   A publish is bounded by [`RelayOptions::publish_timeout`], shorter than the lease, so
+//!   a key's next rows are never taken while its earlier ones may still be in flight.
+//! - **Duplicates, never losses**: a relay that dies between the confirm and the mark (or
+//!   whose mark fails) publishes those rows again under the same ids; the next consumer's
+//!   dedup absorbs them.
+//! - **A row that cannot be published** (unroutable, refused as invalid) is tried again
+//!   with backoff and, after [`RelayOptions::max_attempts`], marked dead with its reason:
+//!   its key waits behind it, visibly (`justonce outbox status`, the
+//!   `justonce_outbox_dead` gauge). An error that is not the row's (the broker or the
+//!   database unreachable, a timeout) counts no attempt: the rows go back and the relay
+//!   pauses with backoff.
+//! - **Wake-up**: after a take that found nothing, the relay waits on
+//!   [`OutboxStore::wait_for_rows`] (PostgreSQL's `NOTIFY`, an in-process notification on
+//!   SQLite) and polls every [`RelayOptions::poll_interval`] in any case.
+//!
+//! ```no_run
+//! use justonce::relay::{Relay, RelayOptions};
+//! use justonce::sql::{SqliteQueue, SqliteStore};
+//!
+//! # async fn run() -> justonce::Result<()> {
+//! let store = SqliteStore::open("sqlite:app.db").await?;
+//! let outbox = store.outbox().await?;
+//! let receipts = SqliteQueue::open("sqlite:queue.db", "receipts").await?;
+//! let relay = Relay::new(outbox, receipts, RelayOptions::default())?;
+//! relay.run_until(justonce::shutdown_signal()).await
+//! # }
+//! ```
+
+mod options;
+mod telemetry;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use justonce_core::{
+    Error, ErrorKind, ExponentialBackoff, Message, OutboxFailure, OutboxRow, OutboxStore,
+    Publisher, Result,
+};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+pub use options::RelayOptions;
+use telemetry::RelayInstruments;
+
+/// Where a relay can be crashed in tests (feature `fault-injection`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RelayFaultPoint {
+    /// The rows' publishes are confirmed and not yet marked sent: a relay that dies here
+    /// makes a duplicate at the broker.
+    AfterConfirm,
+}
+
+/// Crashes a relay at a [`RelayFaultPoint`] (tests, the lab; feature `fault-injection`).
+#[cfg_attr(not(feature = "fault-injection"), allow(unreachable_pub))]
+#[async_trait::async_trait]
+pub trait RelayFaultHook: Send + Sync {
+    /// Whether to crash at `point` with `rows` in hand. Crashing here means the relay
+    /// stops as a killed process would: its rows stay leased, unmarked.
+    async fn crash_at(&self, point: RelayFaultPoint, rows: &[OutboxRow]) -> bool;
+}
+
+/// What one pass of a relay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayReport {
+    /// Rows taken.
+    pub taken: usize,
+    /// Rows published and marked sent.
+    pub sent: usize,
+    /// Rows whose publish failed and counted an attempt (dead ones included).
+    pub failed: usize,
+    /// Of them, rows that ran out of attempts and are dead now.
+    pub dead: usize,
+    /// Rows handed back without an attempt (behind a failed row of their key, or after an
+    /// error that was not theirs).
+    pub released: usize,
+}
+
+/// Publishes the rows of an outbox ([`OutboxStore`]) through a [`Publisher`]. See the
+/// [module documentation](self).
+pub struct Relay<O: OutboxStore> {
+    inner: Arc<Inner<O>>,
+}
+
+impl<O: OutboxStore> Clone for Relay<O> {
+    fn clone(&self) -> Self {
+        Relay {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<O> {
+    outbox: O,
+    publisher: Arc<dyn Publisher>,
+    opts: RelayOptions,
+    retry: ExponentialBackoff,
+    pause: ExponentialBackoff,
+    faults: Option<Arc<dyn RelayFaultHook>>,
+    instruments: OnceLock<RelayInstruments>,
+}
+
+impl<O: OutboxStore> Relay<O> {
+    /// A relay of `outbox` into `publisher`. Fails when the options are unsafe: a batch
+    /// or concurrency of 0, no attempts, or a publish timeout not shorter than the lease.
+    pub fn new(outbox: O, publisher: impl Publisher + 'static, opts: RelayOptions) -> Result<Self> {
+        opts.validate()?;
+        let retry = ExponentialBackoff::new(opts.retry_base, opts.retry_max);
+        let pause = ExponentialBackoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        Ok(Relay {
+            inner: Arc::new(Inner {
+                outbox,
+                publisher: Arc::new(publisher),
+                opts,
+                retry,
+                pause,
+                faults: None,
+                instruments: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// Installs a fault hook (feature `fault-injection`). Call before running.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_fault_hook(self, hook: Arc<dyn RelayFaultHook>) -> Self {
+        let mut inner = Arc::try_unwrap(self.inner)
+            .unwrap_or_else(|_| panic!("with_fault_hook is called before the relay is shared"));
+        inner.faults = Some(hook);
+        Relay {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &RelayOptions {
+        &self.inner.opts
+    }
+
+    /// The outbox.
+    pub fn outbox(&self) -> &O {
+        &self.inner.outbox
+    }
+
+    /// Takes up to `batch` rows and publishes them, once.
+    pub async fn relay_once(&self) -> Result<RelayReport> {
+        self.inner.pass().await
+    }
+
+    /// Runs `concurrency` relay loops until `shutdown` resolves; a pass under way then
+    /// finishes (publish and mark) first. Errors that are not a row's pause a loop with
+    /// backoff; the relay never stops on its own.
+    pub async fn run_until(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..self.inner.opts.concurrency {
+            let inner = self.inner.clone();
+            let stop = stop_rx.clone();
+            tasks.spawn(async move { inner.run(stop).await });
+        }
+        {
+            let inner = self.inner.clone();
+            let stop = stop_rx.clone();
+            tasks.spawn(async move { inner.poll_stats(stop).await });
+        }
+        tokio::pin!(shutdown);
+        let mut first_error = None;
+        tokio::select! {
+            _ = &mut shutdown => {}
+            Some(res) = tasks.join_next() => first_error = flatten(res).err(),
+        }
+        let _ = stop_tx.send(true);
+        while let Some(res) = tasks.join_next().await {
+            if let Err(e) = flatten(res) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+fn flatten(res: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
+    res.map_err(|e| Error::with_source(ErrorKind::Internal, "a relay task failed", e))?
+}
+
+/// Sleeps `d`, or less when `stop` turns true.
+async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+}
+
+impl<O: OutboxStore> Inner<O> {
+    fn instruments(&self) -> &RelayInstruments {
+        self.instruments
+            .get_or_init(|| RelayInstruments::register(&self.opts.name))
+    }
+
+    async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
+        let mut failures = 0u32;
+        while !*stop.borrow() {
+            match self.pass().await {
+                Ok(r) if r.taken > 0 && r.released == 0 => failures = 0,
+                Ok(r) if r.taken > 0 => {
+                    // Rows behind a failed one of their key went back: let the rest of
+                    // the outbox go first rather than taking them again at once.
+                    failures = 0;
+                    sleep_or_stop(
+                        self.opts.poll_interval.min(Duration::from_millis(50)),
+                        &mut stop,
+                    )
+                    .await;
+                }
+                Ok(_) => {
+                    failures = 0;
+                    tokio::select! {
+                        _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let pause = self.pause.delay(failures);
+                    warn!(
+                        relay = %self.opts.name,
+                        error = %justonce_core::error_chain(&e),
+                        advice = e.kind().advice(),
+                        ?pause,
+                        "relay pass failed; its rows go back and it pauses"
+                    );
+                    self.instruments().pauses.increment(1);
+                    sleep_or_stop(pause, &mut stop).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the backlog gauges current.
+    async fn poll_stats(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
+        while !*stop.borrow() {
+            match self.outbox.outbox_stats().await {
+                Ok(stats) => self.instruments().stats(&stats),
+                Err(e) => debug!(error = %e, "cannot read the outbox's stats"),
+            }
+            sleep_or_stop(self.opts.stats_interval, &mut stop).await;
+        }
+        Ok(())
+    }
+
+    async fn pass(&self) -> Result<RelayReport> {
+        let rows = self
+            .outbox
+            .take(&self.opts.owner, self.opts.batch, self.opts.lease)
+            .await?;
+        let mut report = RelayReport {
+            taken: rows.len(),
+            ..RelayReport::default()
+        };
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        let messages: Vec<Message> = rows.iter().map(|r| r.message.clone()).collect();
+        let all: Vec<u64> = rows.iter().map(|r| r.seq).collect();
+        let outcome = if messages.len() == 1 {
+            self.publish_one(&messages[0]).await
+        } else {
+            self.publish(self.publisher.publish_batch(&messages)).await
+        };
+        match outcome {
+            Ok(()) => {
+                self.crash_point(RelayFaultPoint::AfterConfirm, &rows)
+                    .await?;
+                self.outbox.mark_sent(&all).await?;
+                report.sent = all.len();
+                self.instruments().sent.increment(all.len() as u64);
+                Ok(report)
+            }
+            Err(e) if !e.kind().is_message_fault() => {
+                self.give_back(&all).await;
+                Err(e)
+            }
+            // One of them is refused: find which, one at a time, in order.
+            Err(_) => self.singly(rows, report).await,
+        }
+    }
+
+    async fn publish_one(&self, message: &Message) -> Result<()> {
+        self.publish(self.publisher.publish(message)).await
+    }
+
+    async fn publish(&self, publish: impl Future<Output = Result<()>>) -> Result<()> {
+        match tokio::time::timeout(self.opts.publish_timeout, publish).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "a publish was not confirmed within {:?}",
+                    self.opts.publish_timeout
+                ),
+            )),
+        }
+    }
+
+    async fn singly(&self, rows: Vec<OutboxRow>, mut report: RelayReport) -> Result<RelayReport> {
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut sent = Vec::new();
+        let mut back = Vec::new();
+        let mut outage = None;
+        for row in &rows {
+            if outage.is_some() || row.key.as_ref().is_some_and(|k| blocked.contains(k)) {
+                back.push(row.seq);
+                continue;
+            }
+            match self.publish_one(&row.message).await {
+                Ok(()) => {
+                    self.crash_point(RelayFaultPoint::AfterConfirm, std::slice::from_ref(row))
+                        .await?;
+                    sent.push(row.seq);
+                }
+                Err(e) if e.kind().is_message_fault() => {
+                    if let Some(k) = &row.key {
+                        blocked.insert(k.clone());
+                    }
+                    let reason = justonce_core::error_chain(&e);
+                    let delay = self.retry.delay(row.attempts + 1);
+                    let fate = self
+                        .outbox
+                        .mark_failed(row.seq, &reason, delay, self.opts.max_attempts)
+                        .await?;
+                    report.failed += 1;
+                    if fate == OutboxFailure::Dead {
+                        report.dead += 1;
+                        warn!(
+                            relay = %self.opts.name,
+                            seq = row.seq,
+                            key = row.key.as_deref(),
+                            id = row.message.id().map(|i| i.as_str()),
+                            %reason,
+                            "outbox row is dead after {} attempts; its key waits behind it",
+                            self.opts.max_attempts
+                        );
+                    } else {
+                        debug!(seq = row.seq, %reason, ?delay, "outbox row refused; retrying later");
+                    }
+                    self.instruments().failed(fate);
+                }
+                Err(e) => {
+                    back.push(row.seq);
+                    outage = Some(e);
+                }
+            }
+        }
+        if !sent.is_empty() {
+            self.outbox.mark_sent(&sent).await?;
+            report.sent = sent.len();
+            self.instruments().sent.increment(sent.len() as u64);
+        }
+        report.released = back.len();
+        self.give_back(&back).await;
+        match outage {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// Hands rows back; a hand-back that fails leaves them to their lease.
+    async fn give_back(&self, seqs: &[u64]) {
+        if seqs.is_empty() {
+            return;
+        }
+        if let Err(e) = self.outbox.release(seqs).await {
+            debug!(error = %e, "cannot hand rows back; their lease runs out instead");
+        }
+    }
+
+    async fn crash_point(&self, point: RelayFaultPoint, rows: &[OutboxRow]) -> Result<()> {
+        let Some(hook) = &self.faults else {
+            return Ok(());
+        };
+        if hook.crash_at(point, rows).await {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("fault injected at {point:?}"),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! The relay on the real backends: SQLite's in-process wake-up, PostgreSQL's `NOTIFY` from
+//! another connection pool, per-key order through three relays, and RabbitMQ (in amqp.rs).
+
+use std::time::Duration;
+
+use justonce::relay::{Relay, RelayOptions};
+use justonce::sql::{SqliteQueue, SqliteStore};
+use justonce::{Message, OutboxStore, Source, Store};
+
+fn idle_relay() -> RelayOptions {
+    // An hour between polls: only a wake-up can deliver within the test's seconds.
+    RelayOptions::default()
+        .poll_interval(Duration::from_secs(3600))
+        .concurrency(1)
+}
+
+/// Runs `relay` until the returned sender is dropped or fired.
+fn spawn<O: OutboxStore>(
+    relay: Relay<O>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<justonce::Result<()>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        relay
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_commit_wakes_the_relay_and_the_row_reaches_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("app.db").display());
+    let store = SqliteStore::open(&url).await.unwrap();
+    let outbox = store.outbox().await.unwrap();
+    let queue = SqliteQueue::open(
+        &format!("sqlite:{}", dir.path().join("q.db").display()),
+        "receipts",
+    )
+    .await
+    .unwrap();
+    let (stop, task) = spawn(Relay::new(outbox.clone(), queue.clone(), idle_relay()).unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut tx = store.begin().await.unwrap();
+    let m = Message::new(r#"{"receipt":1}"#).with_id("r-1").unwrap();
+    outbox.enqueue(&mut tx, &m, Some("acct")).await.unwrap();
+    // Held open a while: the woken relay must wait for the commit, not miss the row.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.commit(tx).await.unwrap();
+
+    let got = queue.receive(1, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(got.len(), 1, "woken, not polled");
+    assert_eq!(got[0].message.id().unwrap().as_str(), "r-1");
+    assert_eq!(outbox.outbox_stats().await.unwrap().pending, 0);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use justonce::relay::{Relay, RelayOptions};
+    use justonce::sql::{PgQueue, PgStore, PgTx};
+    use justonce::{
+        Consumer, ConsumerOptions, Context, Disposition, Handler, Message, OutboxStore, Result,
+        Source, Store,
+    };
+
+    use super::{idle_relay, spawn};
+
+    fn url() -> Option<String> {
+        justonce_test::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
+            std::env::var("JUSTONCE_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_commit_elsewhere_wakes_the_relay_by_notify() {
+        // A test of postgres.rs restarts the server: not while this one runs.
+        let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
+        let Some(url) = url() else { return };
+        let table = justonce_test::unique_name("jo_obx_notify").replace('-', "_");
+        let relay_store = PgStore::open(&url).await.unwrap();
+        let outbox = relay_store
+            .outbox_with(justonce::sql::OutboxOptions::default().table(&table))
+            .await
+            .unwrap();
+        let queue = PgQueue::open(&url, &justonce_test::unique_name("receipts"))
+            .await
+            .unwrap();
+        let (stop, task) = spawn(Relay::new(outbox, queue.clone(), idle_relay()).unwrap());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // Another pool, as another process would be.
+        let producer = PgStore::open(&url).await.unwrap();
+        let producer_outbox = producer
+            .outbox_with(justonce::sql::OutboxOptions::default().table(&table))
+            .await
+            .unwrap();
+        let mut tx = producer.begin().await.unwrap();
+        let m = Message::new("{}").with_id("r-1").unwrap();
+        producer_outbox.enqueue(&mut tx, &m, None).await.unwrap();
+        producer.commit(tx).await.unwrap();
+
+        let got = queue.receive(1, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(
+            got.len(),
+            1,
+            "NOTIFY woke the relay within 10 s of an hour's poll"
+        );
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(producer.pool())
+            .await
+            .unwrap();
+    }
+
+    /// Appends each message to `arrivals` in the order it is applied.
+    struct Arrivals {
+        table: String,
+    }
+
+    impl Handler<PgTx> for Arrivals {
+        fn lock_key(&self, m: &Message) -> Option<String> {
+            let v: serde_json::Value = m.decode_json().ok()?;
+            Some(v["key"].as_str()?.to_owned())
+        }
+        async fn handle(&self, cx: &Context<'_>, tx: &mut PgTx) -> Result<Disposition> {
+            let v: serde_json::Value = cx.message().decode_json()?;
+            sqlx::query(&format!(
+                "INSERT INTO {} (okey, n) VALUES ($1, $2)",
+                self.table
+            ))
+            .bind(v["key"].as_str().unwrap_or_default())
+            .bind(v["n"].as_i64().unwrap_or(-1))
+            .execute(&mut **tx)
+            .await?;
+            Ok(Disposition::Ok)
+        }
+    }
+
+    /// Ten keys of a thousand messages each, enqueued by ten concurrent producers, relayed
+    /// by three relays (each with a pool of its own, as three processes), applied by one
+    /// consumer: each key's messages arrive in the order they were committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_ten_keys_through_three_relays_keep_their_order_per_key() {
+        // A test of postgres.rs restarts the server: not while this one runs.
+        let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
+        let Some(url) = url() else { return };
+        const KEYS: usize = 10;
+        const PER_KEY: usize = 1000;
+        let table = justonce_test::unique_name("jo_obx_order").replace('-', "_");
+        let arrivals = format!("{table}_arrivals");
+        let store = PgStore::open(&url).await.unwrap();
+        let ob = || justonce::sql::OutboxOptions::default().table(&table);
+        let outbox = store.outbox_with(ob()).await.unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE {arrivals} (at BIGSERIAL PRIMARY KEY, okey TEXT NOT NULL, n BIGINT NOT NULL)"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let queue_name = justonce_test::unique_name("ordered");
+        let queue = PgQueue::open(&url, &queue_name).await.unwrap();
+
+        let mut relays = Vec::new();
+        for r in 0..3 {
+            let own = PgStore::open(&url).await.unwrap();
+            let own_outbox = own.outbox_with(ob()).await.unwrap();
+            let own_queue = PgQueue::open(&url, &queue_name).await.unwrap();
+            let opts = RelayOptions::default()
+                .owner(format!("relay-{r}"))
+                .batch(50)
+                .poll_interval(Duration::from_millis(200));
+            relays.push(spawn(Relay::new(own_outbox, own_queue, opts).unwrap()));
+        }
+        let mut producers = tokio::task::JoinSet::new();
+        for k in 0..KEYS {
+            let store = store.clone();
+            let outbox = outbox.clone();
+            producers.spawn(async move {
+                let key = format!("key-{k}");
+                for chunk in 0..PER_KEY / 10 {
+                    let mut tx = store.begin().await.unwrap();
+                    for i in 0..10 {
+                        let n = chunk * 10 + i;
+                        let m = Message::new(format!(r#"{{"key":"{key}","n":{n}}}"#))
+                            .with_id(format!("{key}-{n}"))
+                            .unwrap();
+                        outbox.enqueue(&mut tx, &m, Some(&key)).await.unwrap();
+                    }
+                    store.commit(tx).await.unwrap();
+                }
+            });
+        }
+        while let Some(r) = producers.join_next().await {
+            r.unwrap();
+        }
+        let consumer = Consumer::new(
+            ConsumerOptions::new(queue_name.as_str()).batch_size(100),
+            queue.clone(),
+            store.clone(),
+            Arrivals {
+                table: arrivals.clone(),
+            },
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            consumer.run_once().await.unwrap();
+            let (n,): (i64,) = sqlx::query_as(&format!("SELECT count(*) FROM {arrivals}"))
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            if n as usize >= KEYS * PER_KEY {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let stats = outbox.outbox_stats().await.unwrap();
+                panic!("only {n} arrived in time; outbox: {stats:?}");
+            }
+        }
+        for (stop, task) in relays {
+            stop.send(()).unwrap();
+            task.await.unwrap().unwrap();
+        }
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as(&format!("SELECT okey, n FROM {arrivals} ORDER BY at"))
+                .fetch_all(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(rows.len(), KEYS * PER_KEY, "each applied once");
+        let mut next: HashMap<String, i64> = HashMap::new();
+        for (key, n) in rows {
+            let want = next.entry(key.clone()).or_insert(0);
+            assert_eq!(n, *want, "key {key}: {n} arrived where {want} was due");
+            *want += 1;
+        }
+        assert_eq!(outbox.outbox_stats().await.unwrap().pending, 0);
+        for t in [&arrivals, &table] {
+            sqlx::query(&format!("DROP TABLE {t}"))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+    }
+}
