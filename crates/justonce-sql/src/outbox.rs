@@ -51,11 +51,11 @@ pub(crate) enum TakeSql {
     /// The same, in a transaction that first takes `lock` (no parameters), held to its
     /// commit: one take at a time, each reading what the one before it leased.
     Locked { lock: String, take: String },
-    /// Under a named lock (`lock` and `unlock`, no parameters), one take at a time: `choose`
-    /// (max) answers the seqs; `lease` (owner, lease in ms) and `read` end with `{seqs}`.
+    /// In steps, in a transaction that first takes `lock` (no parameters; a row lock held
+    /// to the commit, so a take dropped midway rolls back and frees it): `choose` (max)
+    /// answers the seqs; `lease` (owner, lease in ms) and `read` end with `{seqs}`.
     Steps {
         lock: String,
-        unlock: String,
         choose: String,
         lease: String,
         read: String,
@@ -248,34 +248,28 @@ where
             }
             TakeSql::Steps {
                 lock,
-                unlock,
                 choose,
                 lease: lease_sql,
                 read,
             } => {
-                if (*conn).int(lock, &[]).await? != Some(1) {
-                    return Err(Error::new(
-                        justonce_core::ErrorKind::Timeout,
-                        "another relay held the outbox's take lock for 30 s",
-                    ));
-                }
-                let taken = async {
-                    let seqs: Vec<u64> = (*conn)
-                        .text_rows(choose, &[Arg::Int(max as i64)])
-                        .await?
-                        .iter()
-                        .map(|r| number(&r[0]))
-                        .collect();
-                    if seqs.is_empty() {
-                        return Ok(Vec::new());
-                    }
+                drop(conn);
+                let mut tx = self.pool.begin().await?;
+                (*tx).execute(lock, &[]).await?;
+                let seqs: Vec<u64> = (*tx)
+                    .text_rows(choose, &[Arg::Int(max as i64)])
+                    .await?
+                    .iter()
+                    .map(|r| number(&r[0]))
+                    .collect();
+                let rows = if seqs.is_empty() {
+                    Vec::new()
+                } else {
                     let args = [Arg::Text(owner), lease];
-                    (*conn).execute(&with_seqs(lease_sql, &seqs), &args).await?;
-                    (*conn).outbox_rows(&with_seqs(read, &seqs), &[]).await
-                }
-                .await;
-                let _ = (*conn).int(unlock, &[]).await;
-                taken?
+                    (*tx).execute(&with_seqs(lease_sql, &seqs), &args).await?;
+                    (*tx).outbox_rows(&with_seqs(read, &seqs), &[]).await?
+                };
+                tx.commit().await?;
+                rows
             }
         };
         let mut out: Vec<OutboxRow> = rows

@@ -85,6 +85,7 @@ pub mod consumer;
 pub mod doctor;
 pub mod relay;
 mod shutdown;
+mod tasks;
 
 /// `#[async_trait]`, for implementing the object-safe seams (`Source`, `Publisher`,
 /// `Store`, `DedupStore`, `ClaimStore`, `Inspect`, `FaultHook`); a [`Handler`] needs none.

@@ -1,5 +1,6 @@
 //! `justonce demo`: the order/payment pipeline under seeded faults, once per semantic.
 
+mod hop;
 pub(crate) mod plan;
 mod report;
 
@@ -55,11 +56,26 @@ pub(crate) struct DemoArgs {
     /// Largest payload the consumer accepts; larger ones are dead-lettered.
     #[arg(long, default_value_t = 16 * 1024)]
     max_payload_bytes: usize,
+    /// `one-hop`: orders to payments. `two-hop`: the payments consumer also sends a receipt
+    /// per payment through its outbox; a relay (crashing now and then between a confirm
+    /// and its mark) publishes them, and a receipts consumer applies them, under the same
+    /// faults; the receipts are counted from their table.
+    #[arg(long, value_enum, default_value = "one-hop")]
+    pipeline: Pipeline,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     topology: crate::bus::Topology,
+}
+
+/// The demo's pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Pipeline {
+    /// Orders to payments.
+    OneHop,
+    /// Orders to payments, receipts through the outbox to a second consumer.
+    TwoHop,
 }
 
 /// Where one row's run keeps its queue and business data.
@@ -207,10 +223,35 @@ async fn run_one<B: Bank>(
     };
 
     let guarded = semantics == Semantics::EffectivelyOnce;
-    let handler = PaymentHandler::<B>::new(tables.clone(), args.strategy, guarded, api.clone())?;
+    let mut handler =
+        PaymentHandler::<B>::new(tables.clone(), args.strategy, guarded, api.clone())?;
     let runs = handler.runs();
+    let consumer_name = format!("demo-{run_id}-{}", variant.slug());
+    let second = match args.pipeline {
+        Pipeline::OneHop => None,
+        Pipeline::TwoHop => {
+            handler = handler.sending_receipts();
+            Some(
+                hop::SecondHop::start(hop::HopSetup {
+                    transport: &target.transport,
+                    queue: format!("{queue_name}-receipts"),
+                    consumer: format!("{consumer_name}-receipts"),
+                    semantics,
+                    lease,
+                    batch_size: args.batch_size,
+                    seed: args.seed,
+                    max_payload_bytes: args.max_payload_bytes,
+                    store: &store,
+                    tables: &tables,
+                    plan,
+                    topology: &args.topology,
+                })
+                .await?,
+            )
+        }
+    };
     let faults = Arc::new(PlanFaults::new(plan.clone(), bus.clone()));
-    let mut opts = ConsumerOptions::new(format!("demo-{run_id}-{}", variant.slug()));
+    let mut opts = ConsumerOptions::new(consumer_name);
     opts.semantics = semantics;
     opts.dedup.idempotency = args.strategy.idempotency();
     opts.dedup.id_strategy = args.id_strategy.consumer();
@@ -231,6 +272,9 @@ async fn run_one<B: Bank>(
             StoreKind::Postgres | StoreKind::MySql => target.store.clone(),
         };
         consumer = consumer.with_claims(store.claims(&url, &tables).await?);
+    }
+    if let Some(second) = &second {
+        consumer = consumer.with_outbox(second.outbox());
     }
     if variant.ack_in_tx {
         let acker = bus
@@ -271,6 +315,17 @@ async fn run_one<B: Bank>(
         bail!("account balances do not add up to the ledger: a transaction was not atomic");
     }
     let (lost, duplicate_effects) = effects.check(plan.well_formed());
+    let receipts = match second {
+        Some(second) => {
+            let paid = effects
+                .per_order
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(id, _)| id.clone());
+            Some(second.finish(paid, plan).await?)
+        }
+        None => None,
+    };
     let deliveries = bus.deliveries().await?;
     let dead_lettered = bus.dead_lettered().await?;
     bus.cleanup().await?;
@@ -290,6 +345,7 @@ async fn run_one<B: Bank>(
         msgs_per_sec: sent as f64 / seconds.max(1e-9),
         faults_fired: faults.fired.snapshot(&plan.planned()),
         api_calls,
+        receipts,
     })
 }
 

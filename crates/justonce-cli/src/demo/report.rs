@@ -43,6 +43,9 @@ pub(crate) struct Row {
     /// Calls the external payment API received (claim strategy only); `effects` are its charges.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) api_calls: Option<u64>,
+    /// The second hop's receipts (`--pipeline two-hop` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) receipts: Option<super::hop::Receipts>,
 }
 
 impl Report {
@@ -103,6 +106,9 @@ impl Report {
             );
         }
         out.push('\n');
+        if self.rows.iter().any(|r| r.receipts.is_some()) {
+            self.receipts_table(&mut out, w);
+        }
         for r in &self.rows {
             let _ = writeln!(out, "{}", self.explain(r));
         }
@@ -110,6 +116,47 @@ impl Report {
             let _ = writeln!(out, "\n{note}");
         }
         out
+    }
+
+    /// The second hop: receipts sent through the outbox and applied by a second consumer.
+    fn receipts_table(&self, out: &mut String, w: usize) {
+        let _ = writeln!(
+            out,
+            "second hop: a receipt per payment applied, through the payments consumer's outbox, a relay and a receipts consumer\n"
+        );
+        let _ = writeln!(
+            out,
+            "{:<w$} {:>8} {:>10} {:>9} {:>8} {:>6} {:>10} {:>14}",
+            "semantics",
+            "expected",
+            "deliveries",
+            "handler",
+            "receipts",
+            "lost",
+            "duplicate",
+            "relay re-sent"
+        );
+        for r in &self.rows {
+            let Some(x) = &r.receipts else { continue };
+            let _ = writeln!(
+                out,
+                "{:<w$} {:>8} {:>10} {:>9} {:>8} {:>6} {:>10} {:>14}",
+                r.semantics,
+                x.expected,
+                x.deliveries,
+                x.handler_runs,
+                x.effects,
+                x.lost,
+                x.duplicate_effects,
+                format!("{} in {}", x.resent, x.relay_crashes)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n(relay re-sent: receipts published again because their relay pass crashed \
+             between the confirm and the mark, in that many crashes; the receipts consumer \
+             met seeded crashes and lost acks of its own)\n"
+        );
     }
 
     /// One line on where the ids came from, when it is not the plain message id.

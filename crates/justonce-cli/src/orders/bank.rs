@@ -12,9 +12,11 @@ use justonce::sql::{
     PgClaimStore, PgStateGuard, PgStore, PgStoreOptions, PgTx, PgVersionGuard, SqliteClaimStore,
     SqliteStateGuard, SqliteStore, SqliteStoreOptions, SqliteTx, SqliteVersionGuard,
 };
-use justonce::{async_trait, Cas, ClaimStore, DedupStore, Result, StateMachine, Transition};
+use justonce::{
+    async_trait, Cas, ClaimStore, DedupStore, OutboxStore, Result, StateMachine, Transition,
+};
 
-use super::{Effects, Payment, Tables, ACCOUNTS};
+use super::{Effects, Payment, Receipt, Tables, ACCOUNTS};
 
 /// The demo's business database: a dedup store whose transactions the payments are written
 /// in, with the SQL of its dialect. Implemented by [`bank!`] for SQLite, PostgreSQL and
@@ -82,6 +84,15 @@ pub(crate) trait Bank: DedupStore + Clone {
 
     /// Closes the pool's connections.
     async fn close(&self);
+
+    /// The outbox of this database.
+    type Outbox: OutboxStore<Tx = Self::Tx> + Clone;
+    /// The outbox table `t.outbox`, created if missing.
+    async fn outbox(&self, t: &Tables) -> Result<Self::Outbox>;
+    /// Applies a receipt: one row in `t.receipts`.
+    async fn receipt(tx: &mut Self::Tx, t: &Tables, r: &Receipt) -> Result<()>;
+    /// Receipt rows per order id.
+    async fn receipts(&self, t: &Tables) -> Result<HashMap<String, u64>>;
 }
 
 /// Implements [`Bank`] for one database. `db` is its sqlx database, whose `QueryBuilder`
@@ -128,6 +139,11 @@ macro_rules! bank {
                         "CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY,
                              status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)",
                         t.orders
+                    ),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {} (seq {}, order_id VARCHAR(64) NOT NULL,
+                             account BIGINT NOT NULL)",
+                        t.receipts, $serial
                     ),
                 ] {
                     sqlx::query(&ddl).execute(pool).await?;
@@ -267,6 +283,35 @@ macro_rules! bank {
 
             async fn close(&self) {
                 self.pool().close().await;
+            }
+
+            type Outbox = justonce::sql::SqlOutbox<$db>;
+
+            async fn outbox(&self, t: &Tables) -> Result<Self::Outbox> {
+                let o = justonce::sql::OutboxOptions::default().table(t.outbox.clone());
+                self.outbox_with(o).await
+            }
+
+            async fn receipt(tx: &mut $tx, t: &Tables, r: &Receipt) -> Result<()> {
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "INSERT INTO {} (order_id, account) ",
+                    t.receipts
+                ));
+                q.push_values([r], |mut row, r| {
+                    row.push_bind(&r.order_id).push_bind(r.account);
+                });
+                q.build().execute(&mut **tx).await?;
+                Ok(())
+            }
+
+            async fn receipts(&self, t: &Tables) -> Result<HashMap<String, u64>> {
+                let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                    "SELECT order_id, COUNT(*) FROM {} GROUP BY order_id",
+                    t.receipts
+                ))
+                .fetch_all(self.pool())
+                .await?;
+                Ok(rows.into_iter().map(|(id, n)| (id, n as u64)).collect())
             }
 
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {

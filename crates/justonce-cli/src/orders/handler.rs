@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use justonce::{Context, Disposition, Handler, Message, Result, StateMachine};
 
-use super::{Bank, Payment, PaymentApi, Strategy, Tables};
+use super::{Bank, Payment, PaymentApi, Receipt, Strategy, Tables};
 
 /// The guard the effectively-once handler applies before the payment.
 enum Guard<B: Bank> {
@@ -26,6 +26,8 @@ pub(crate) struct PaymentHandler<B: Bank> {
     stable_keys: bool,
     /// Name each payment's account as its lock key (on unless the bench turns it off).
     lock_order: bool,
+    /// Send a receipt through the consumer's outbox for each payment applied (two-hop).
+    receipts: bool,
 }
 
 impl<B: Bank> PaymentHandler<B> {
@@ -53,6 +55,7 @@ impl<B: Bank> PaymentHandler<B> {
             api,
             stable_keys: guarded,
             lock_order: true,
+            receipts: false,
         })
     }
 
@@ -60,6 +63,13 @@ impl<B: Bank> PaymentHandler<B> {
     /// to show what the ordering buys).
     pub(crate) fn unordered(mut self) -> Self {
         self.lock_order = false;
+        self
+    }
+
+    /// Sends a receipt for each payment it applies, through the consumer's outbox, keyed by
+    /// the account (the two-hop pipeline).
+    pub(crate) fn sending_receipts(mut self) -> Self {
+        self.receipts = true;
         self
     }
 
@@ -81,6 +91,22 @@ impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
     }
 
     async fn handle(&self, cx: &Context<'_>, tx: &mut B::Tx) -> Result<Disposition> {
+        let done = self.pay(cx, tx).await?;
+        if self.receipts && matches!(done, Disposition::Ok) {
+            let p: Payment = cx.message().decode_json()?;
+            let r = Receipt {
+                order_id: p.order_id.clone(),
+                account: p.account,
+            };
+            let m = Message::json(&r)?.with_header("order-id", p.order_id);
+            cx.send_keyed(format!("account-{}", p.account), m)?;
+        }
+        Ok(done)
+    }
+}
+
+impl<B: Bank> PaymentHandler<B> {
+    async fn pay(&self, cx: &Context<'_>, tx: &mut B::Tx) -> Result<Disposition> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         let p: Payment = cx.message().decode_json()?;
         if p.amount <= 0 {
@@ -122,6 +148,43 @@ impl<B: Bank> Handler<B::Tx> for PaymentHandler<B> {
                 p.account
             )));
         }
+        Ok(Disposition::Ok)
+    }
+}
+
+/// Applies a receipt: one row per receipt in `receipts`, with no idempotency of its own, so
+/// a duplicate that the consumer lets through is a second row.
+pub(crate) struct ReceiptHandler<B: Bank> {
+    tables: Tables,
+    runs: Arc<AtomicU64>,
+    _bank: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<B: Bank> ReceiptHandler<B> {
+    pub(crate) fn new(tables: Tables) -> Self {
+        ReceiptHandler {
+            tables,
+            runs: Arc::default(),
+            _bank: std::marker::PhantomData,
+        }
+    }
+
+    /// How many times the handler ran.
+    pub(crate) fn runs(&self) -> Arc<AtomicU64> {
+        self.runs.clone()
+    }
+}
+
+impl<B: Bank> Handler<B::Tx> for ReceiptHandler<B> {
+    fn lock_key(&self, message: &Message) -> Option<String> {
+        let r: Receipt = message.decode_json().ok()?;
+        Some(format!("{:020}", r.account))
+    }
+
+    async fn handle(&self, cx: &Context<'_>, tx: &mut B::Tx) -> Result<Disposition> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let r: Receipt = cx.message().decode_json()?;
+        B::receipt(tx, &self.tables, &r).await?;
         Ok(Disposition::Ok)
     }
 }

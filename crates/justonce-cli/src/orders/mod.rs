@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use api::PaymentApi;
 pub(crate) use bank::Bank;
-pub(crate) use handler::PaymentHandler;
+pub(crate) use handler::{PaymentHandler, ReceiptHandler};
 
 /// Accounts the demo's payments are spread over.
 /// Enough that concurrent batches rarely pay into the same two accounts in opposite orders:
@@ -31,6 +31,13 @@ pub(crate) struct Payment {
     /// The order version this payment expects (the version strategy's compare-and-set).
     #[serde(default)]
     pub(crate) version: i64,
+}
+
+/// The receipt the two-hop pipeline's payments consumer sends for each payment it applies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Receipt {
+    pub(crate) order_id: String,
+    pub(crate) account: i64,
 }
 
 /// How the effectively-once consumer recognises a payment it already applied.
@@ -81,6 +88,11 @@ pub(crate) struct Tables {
     pub(crate) ledger: String,
     pub(crate) order_ids: String,
     pub(crate) orders: String,
+    /// The two-hop pipeline's receipts (one row per receipt applied, no key: a duplicate
+    /// is a second row), its outbox, and the MariaDB outbox's lock table.
+    pub(crate) receipts: String,
+    pub(crate) outbox: String,
+    pub(crate) outbox_locks: String,
 }
 
 impl Tables {
@@ -96,6 +108,9 @@ impl Tables {
             ledger: format!("{prefix}_ledger"),
             order_ids: format!("{prefix}_order_ids"),
             orders: format!("{prefix}_orders"),
+            receipts: format!("{prefix}_receipts"),
+            outbox: format!("{prefix}_outbox"),
+            outbox_locks: format!("{prefix}_outbox_locks"),
         };
         for name in t.all() {
             justonce::validate_identifier(name)?;
@@ -103,8 +118,11 @@ impl Tables {
         Ok(t)
     }
 
-    pub(crate) fn all(&self) -> [&String; 7] {
+    pub(crate) fn all(&self) -> [&String; 10] {
         [
+            &self.receipts,
+            &self.outbox,
+            &self.outbox_locks,
             &self.deliveries,
             &self.ledger,
             &self.accounts,

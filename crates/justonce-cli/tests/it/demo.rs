@@ -375,3 +375,46 @@ fn every_strategy_keeps_effectively_once_on_postgres_and_mariadb() {
         }
     }
 }
+
+/// The two-hop pipeline: receipts sent through the payments consumer's outbox and relayed
+/// with crashes between confirm and mark; counted from the receipts table.
+#[test]
+fn two_hop_receipts_arrive_once_effectively_once_and_not_otherwise() {
+    let r = json_demo(&["--messages", "3000", "--seed", "3", "--pipeline", "two-hop"]);
+    let receipts = |s: &str| row(&r, s)["receipts"].clone();
+    let eo = receipts("effectively-once");
+    assert!(
+        n(&eo, "relay_crashes") > 0 && n(&eo, "resent") > 0,
+        "the relay must re-send: {eo}"
+    );
+    assert!(
+        n(&eo, "deliveries") > n(&eo, "expected"),
+        "duplicates reached the consumer: {eo}"
+    );
+    assert_eq!(
+        (n(&eo, "lost"), n(&eo, "duplicate_effects")),
+        (0, 0),
+        "{eo}"
+    );
+    assert_eq!(
+        n(&eo, "effects"),
+        n(&eo, "expected"),
+        "one receipt per payment: {eo}"
+    );
+    assert_eq!(
+        n(&eo, "expected"),
+        n(row(&r, "effectively-once"), "effects"),
+        "a receipt is expected for each payment the ledger holds"
+    );
+    let alo = receipts("at-least-once");
+    assert_eq!(n(&alo, "lost"), 0, "{alo}");
+    assert!(n(&alo, "duplicate_effects") > 0, "{alo}");
+    let amo = receipts("at-most-once");
+    assert!(n(&amo, "lost") > 0, "{amo}");
+    assert!(
+        row(&json_demo(&["--messages", "50"]), "effectively-once")
+            .get("receipts")
+            .is_none(),
+        "one-hop rows carry no receipts"
+    );
+}

@@ -1,9 +1,10 @@
 //! The MariaDB outbox's schema and SQL ([`crate::outbox`] runs it). MariaDB has no
 //! `UPDATE … RETURNING`, and a row lock skipped by one relay would let another take the
-//! next row of its key: relays take one at a time under a named lock (`GET_LOCK`, released
-//! with the session if the relay dies) and publish in parallel. Per key, seq order is
-//! commit order: an enqueue with a key first locks the key's last row (and the gap after
-//! it), so a second producer of the key waits for the first one's commit.
+//! next row of its key: relays take one at a time, in a transaction that first locks a row
+//! of `{table}_locks` (freed at its commit, or its rollback if the relay dies or drops the
+//! take midway), and publish in parallel. Per key, seq order is commit order: an enqueue
+//! with a key first locks the key's slot in `{table}_locks`, so a second producer of the
+//! key waits for the first one's commit.
 
 use justonce_core::{validate_identifier, Result};
 use sqlx::MySql;
@@ -45,6 +46,14 @@ impl MySqlStore {
             ))
             .execute(self.pool())
             .await?;
+            sqlx::raw_sql(&format!(
+                "CREATE TABLE IF NOT EXISTS {t}_locks (id INT NOT NULL PRIMARY KEY) ENGINE=InnoDB;
+                 INSERT IGNORE INTO {t}_locks (id)
+                     WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {KEY_SLOTS})
+                     SELECT i FROM n;"
+            ))
+            .execute(self.pool())
+            .await?;
         }
         Ok(SqlOutbox::new(
             self.pool().clone(),
@@ -54,6 +63,11 @@ impl MySqlStore {
         ))
     }
 }
+
+/// Producers' per-key locks: rows 0 to `KEY_SLOTS - 1` of `{table}_locks`, a key's slot its
+/// CRC-32 modulo this (two keys that share one only wait for each other); row `KEY_SLOTS`
+/// is the relays' take lock.
+const KEY_SLOTS: u32 = 256;
 
 fn sql(t: &str) -> OutboxSql {
     let now = "NOW(6)";
@@ -66,11 +80,12 @@ fn sql(t: &str) -> OutboxSql {
         text("headers"),
         text("content_type")
     );
-    let lock = format!("'justonce-outbox-take:{t}'");
     OutboxSql {
+        // The key's slot, a row of `{t}_locks` that exists: a record lock, no gap lock, so
+        // producers of different keys never deadlock (a locking read of the key's last
+        // outbox row did: its next-key locks met the other producers' inserts).
         enqueue_lock: Some(format!(
-            "SELECT {} FROM {t} WHERE okey = ? ORDER BY seq DESC LIMIT 1 FOR UPDATE",
-            text("CAST(seq AS CHAR)")
+            "SELECT CAST(id AS CHAR) FROM {t}_locks WHERE id = CRC32(?) % {KEY_SLOTS} FOR UPDATE"
         )),
         enqueue: format!(
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
@@ -78,8 +93,10 @@ fn sql(t: &str) -> OutboxSql {
         ),
         notify: None,
         take: TakeSql::Steps {
-            lock: format!("SELECT CAST(GET_LOCK({lock}, 30) AS SIGNED)"),
-            unlock: format!("SELECT CAST(RELEASE_LOCK({lock}) AS SIGNED)"),
+            // The take lock: the last row of `{t}_locks`, locked to the commit. The choose
+            // after it is the transaction's first consistent read, so its snapshot sees
+            // every lease the takes before it committed.
+            lock: format!("SELECT id FROM {t}_locks WHERE id = {KEY_SLOTS} FOR UPDATE"),
             choose: format!(
                 "SELECT {} FROM {t} o
                  LEFT JOIN (

@@ -26,7 +26,7 @@ macro_rules! backend_tests {
 
         async fn drop_tables(store: &$store, tables: &[&String]) {
             for t in tables {
-                sqlx::query(&format!("DROP TABLE {t}"))
+                sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
                     .execute(store.pool())
                     .await
                     .unwrap();
@@ -66,7 +66,9 @@ macro_rules! backend_tests {
                 Some(
                     Backend::new(justonce_test::outbox::Outboxed { store, outbox }).cleaning_up(
                         move || async move {
-                            drop_tables(&kept, &[&table]).await;
+                            // MariaDB's locks live in a table of their own.
+                            let locks = format!("{table}_locks");
+                            drop_tables(&kept, &[&table, &locks]).await;
                         },
                     ),
                 )

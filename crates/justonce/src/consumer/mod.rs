@@ -49,10 +49,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use justonce_core::{
-    ClaimStore, DedupStore, Error, ErrorKind, ExponentialBackoff, MessageId, OutboxStore, Result,
-    Semantics, Source, TransactionalAck,
+    ClaimStore, DedupStore, Error, ExponentialBackoff, MessageId, OutboxStore, Result, Semantics,
+    Source, TransactionalAck,
 };
-use tokio::sync::watch;
 
 use breaker::Breaker;
 pub use breaker::BreakerOptions;
@@ -381,38 +380,17 @@ where
     }
 
     async fn run_tasks(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut tasks = crate::tasks::Supervisor::new();
         for worker in 0..self.inner.opts.batching.concurrency {
             let inner = self.inner.clone();
-            let stop = stop_rx.clone();
-            tasks.spawn(async move { inner.worker(worker, stop).await });
+            tasks.spawn(|stop| async move { inner.worker(worker, stop).await });
         }
         if let Some(retention) = self.inner.opts.dedup.retention {
             let inner = self.inner.clone();
-            let stop = stop_rx.clone();
-            tasks.spawn(async move { inner.purge_loop(retention, stop).await });
+            tasks.spawn(|stop| async move { inner.purge_loop(retention, stop).await });
         }
-        tokio::pin!(shutdown);
-        let mut first_error = None;
-        tokio::select! {
-            _ = &mut shutdown => {}
-            Some(res) = tasks.join_next() => {
-                first_error = flatten(res).err();
-            }
-        }
-        let _ = stop_tx.send(true);
-        while let Some(res) = tasks.join_next().await {
-            if let Err(e) = flatten(res) {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        tasks.run_until("a consumer task", shutdown).await
     }
-}
-
-fn flatten(res: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
-    res.map_err(|e| Error::with_source(ErrorKind::Internal, "a consumer task failed", e))?
 }
 
 impl<S, H> Inner<S, H>

@@ -161,36 +161,15 @@ impl<O: OutboxStore> Relay<O> {
     /// finishes (publish and mark) first. Errors that are not a row's pause a loop with
     /// backoff; the relay never stops on its own.
     pub async fn run_until(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut tasks = crate::tasks::Supervisor::new();
         for _ in 0..self.inner.opts.concurrency {
             let inner = self.inner.clone();
-            let stop = stop_rx.clone();
-            tasks.spawn(async move { inner.run(stop).await });
+            tasks.spawn(|stop| async move { inner.run(stop).await });
         }
-        {
-            let inner = self.inner.clone();
-            let stop = stop_rx.clone();
-            tasks.spawn(async move { inner.poll_stats(stop).await });
-        }
-        tokio::pin!(shutdown);
-        let mut first_error = None;
-        tokio::select! {
-            _ = &mut shutdown => {}
-            Some(res) = tasks.join_next() => first_error = flatten(res).err(),
-        }
-        let _ = stop_tx.send(true);
-        while let Some(res) = tasks.join_next().await {
-            if let Err(e) = flatten(res) {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        let inner = self.inner.clone();
+        tasks.spawn(|stop| async move { inner.poll_stats(stop).await });
+        tasks.run_until("a relay task", shutdown).await
     }
-}
-
-fn flatten(res: std::result::Result<Result<()>, tokio::task::JoinError>) -> Result<()> {
-    res.map_err(|e| Error::with_source(ErrorKind::Internal, "a relay task failed", e))?
 }
 
 /// Sleeps `d`, or less when `stop` turns true.
