@@ -87,6 +87,23 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// The rows `seqs` are published durably: removes them. Idempotent.
     async fn mark_sent(&self, seqs: &[u64]) -> Result<()>;
 
+    /// [`OutboxStore::mark_sent`] of `sent`, then [`OutboxStore::take`]: a relay marks the
+    /// rows of its last batch with its next take. A store that can runs both in one
+    /// transaction (the SQL stores: one commit per batch saved); the default runs them one
+    /// after the other.
+    async fn take_after_sent(
+        &self,
+        sent: &[u64],
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxRow>> {
+        if !sent.is_empty() {
+            self.mark_sent(sent).await?;
+        }
+        self.take(owner, max, lease).await
+    }
+
     /// The publish of row `seq` failed with `error`: counts an attempt and makes it wait
     /// `retry_after`, or, at `max_attempts`, marks it dead with `error` as its reason.
     async fn mark_failed(

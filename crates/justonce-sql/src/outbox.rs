@@ -230,18 +230,35 @@ where
     }
 
     async fn take(&self, owner: &str, max: usize, lease: Duration) -> Result<Vec<OutboxRow>> {
-        let mut conn = self.pool.acquire().await?;
+        self.take_after_sent(&[], owner, max, lease).await
+    }
+
+    /// Marks `sent` and takes, in one transaction: one commit per batch saved.
+    async fn take_after_sent(
+        &self,
+        sent: &[u64],
+        owner: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxRow>> {
         let lease = Arg::Int(lease.as_millis() as i64);
+        let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
         let rows = match &self.sql.take {
-            TakeSql::Returning(sql) => {
-                let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
+            TakeSql::Returning(sql) if sent.is_empty() => {
+                let mut conn = self.pool.acquire().await?;
                 (*conn).outbox_rows(sql, &args).await?
             }
+            TakeSql::Returning(sql) => {
+                let mut tx = self.pool.begin().await?;
+                delete_sent(&mut tx, &self.sql.sent, sent).await?;
+                let rows = (*tx).outbox_rows(sql, &args).await?;
+                tx.commit().await?;
+                rows
+            }
             TakeSql::Locked { lock, take } => {
-                drop(conn);
                 let mut tx = self.pool.begin().await?;
                 (*tx).execute(lock, &[]).await?;
-                let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
+                delete_sent(&mut tx, &self.sql.sent, sent).await?;
                 let rows = (*tx).outbox_rows(take, &args).await?;
                 tx.commit().await?;
                 rows
@@ -252,9 +269,9 @@ where
                 lease: lease_sql,
                 read,
             } => {
-                drop(conn);
                 let mut tx = self.pool.begin().await?;
                 (*tx).execute(lock, &[]).await?;
+                delete_sent(&mut tx, &self.sql.sent, sent).await?;
                 let seqs: Vec<u64> = (*tx)
                     .text_rows(choose, &[Arg::Int(max as i64)])
                     .await?
@@ -410,6 +427,21 @@ where
             }
         }
     }
+}
+
+/// Deletes the rows `seqs` (`sent` ends with `{seqs}`) inside `tx`, 500 at a time.
+async fn delete_sent<DB>(
+    tx: &mut sqlx::Transaction<'static, DB>,
+    sent: &str,
+    seqs: &[u64],
+) -> Result<()>
+where
+    DB: sqlx::Database<Connection: Conn>,
+{
+    for chunk in seqs.chunks(500) {
+        (**tx).execute(&with_seqs(sent, chunk), &[]).await?;
+    }
+    Ok(())
 }
 
 /// Runs `sql` for `seqs`, 500 at a time.

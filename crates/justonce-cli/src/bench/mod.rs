@@ -8,7 +8,7 @@
 //! the median of the ratios of runs made side by side in the same round.
 
 mod bare;
-mod clock;
+pub(crate) mod clock;
 mod plot;
 mod report;
 mod run;

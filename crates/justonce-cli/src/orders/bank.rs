@@ -93,6 +93,8 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn receipt(tx: &mut Self::Tx, t: &Tables, r: &Receipt) -> Result<()>;
     /// Receipt rows per order id.
     async fn receipts(&self, t: &Tables) -> Result<HashMap<String, u64>>;
+    /// The bytes `table` takes on disk (with its indexes), as the database reports it.
+    async fn table_bytes(&self, table: &str) -> Result<u64>;
 }
 
 /// Implements [`Bank`] for one database. `db` is its sqlx database, whose `QueryBuilder`
@@ -105,7 +107,8 @@ macro_rules! bank {
         serial: $serial:literal, ignore: ($ins:literal, $conflict:literal),
         kind: $kind:expr,
         claims: |$self_:ident, $url:ident, $table:ident| $claims:expr,
-        begin: |$pool:ident| $begin:expr $(,)?
+        begin: |$pool:ident| $begin:expr,
+        size: [$($size:literal),+] $(,)?
     ) => {
         #[async_trait]
         impl Bank for $store {
@@ -314,6 +317,17 @@ macro_rules! bank {
                 Ok(rows.into_iter().map(|(id, n)| (id, n as u64)).collect())
             }
 
+            async fn table_bytes(&self, table: &str) -> Result<u64> {
+                // Statements before the last prepare the count (MariaDB's ANALYZE).
+                let sizes = [$($size),+];
+                let (count, before) = sizes.split_last().expect("at least one statement");
+                for sql in before {
+                    sqlx::raw_sql(&sql.replace("{table}", table)).execute(self.pool()).await?;
+                }
+                let n: i64 = sqlx::query_scalar(count).bind(table).fetch_one(self.pool()).await?;
+                Ok(n.max(0) as u64)
+            }
+
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {
                 let mut q = sqlx::QueryBuilder::<$db>::new(format!(
                     "UPDATE {} SET balance = balance + ",
@@ -343,6 +357,7 @@ bank!(
     kind: StoreKind::Sqlite,
     claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    size: ["SELECT CAST(COALESCE(SUM(pgsize), 0) AS INTEGER) FROM dbstat WHERE name = ?"],
 );
 bank!(
     PgStore, PgStoreOptions, PgTx, state: PgStateGuard, version: PgVersionGuard, db: sqlx::Postgres,
@@ -351,6 +366,7 @@ bank!(
     kind: StoreKind::Postgres,
     claims: |_s, url, table| PgClaimStore::open(url, table).await?,
     begin: |pool| pool.begin(),
+    size: ["SELECT pg_total_relation_size($1::regclass)"],
 );
 bank!(
     MySqlStore, MySqlStoreOptions, MySqlTx, state: MySqlStateGuard, version: MySqlVersionGuard, db: sqlx::MySql,
@@ -358,4 +374,9 @@ bank!(
     kind: StoreKind::MySql,
     claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,
     begin: |pool| pool.begin(),
+    size: [
+        "ANALYZE TABLE {table}",
+        "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name = ?"
+    ],
 );

@@ -131,3 +131,32 @@ fn a_store_without_an_outbox_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("does not exist"), "{err}");
 }
+
+#[test]
+fn outbox_bench_measures_both_sides_and_the_soak_leaves_the_table_empty() {
+    let out = justonce(&[
+        "outbox",
+        "bench",
+        "--messages",
+        "300",
+        "--rounds",
+        "2",
+        "--latency-samples",
+        "3",
+        "--soak",
+        "500",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["direct"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["relay"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["ratio_median"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["latency_outbox_p50_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["soak"]["messages"], 500, "{v}");
+    assert_eq!(v["soak"]["rows_left"], 0, "every soaked message sent: {v}");
+}

@@ -154,7 +154,7 @@ impl<O: OutboxStore> Relay<O> {
 
     /// Takes up to `batch` rows and publishes them, once.
     pub async fn relay_once(&self) -> Result<RelayReport> {
-        self.inner.pass().await
+        self.inner.pass(None).await
     }
 
     /// Runs `concurrency` relay loops until `shutdown` resolves; a pass under way then
@@ -188,8 +188,10 @@ impl<O: OutboxStore> Inner<O> {
 
     async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
         let mut failures = 0u32;
+        // The last batch's rows, published and marked with the next take.
+        let mut unmarked = Vec::new();
         while !*stop.borrow() {
-            match self.pass().await {
+            match self.pass(Some(&mut unmarked)).await {
                 Ok(r) if r.taken > 0 && r.released == 0 => failures = 0,
                 Ok(r) if r.taken > 0 => {
                     // Rows behind a failed one of their key went back: let the rest of
@@ -223,6 +225,13 @@ impl<O: OutboxStore> Inner<O> {
                 }
             }
         }
+        if !unmarked.is_empty() {
+            if let Err(e) = self.outbox.mark_sent(&unmarked).await {
+                warn!(error = %e, rows = unmarked.len(), "cannot mark the last rows sent; they go out again after their lease");
+            } else {
+                self.instruments().sent.increment(unmarked.len() as u64);
+            }
+        }
         Ok(())
     }
 
@@ -238,11 +247,24 @@ impl<O: OutboxStore> Inner<O> {
         Ok(())
     }
 
-    async fn pass(&self) -> Result<RelayReport> {
-        let rows = self
-            .outbox
-            .take(&self.opts.owner, self.opts.batch, self.opts.lease)
-            .await?;
+    /// One take and its publish. With `unmarked`, the rows it holds are marked sent in this
+    /// take's transaction, and this batch's rows are left in it for the next one; without,
+    /// they are marked at once.
+    async fn pass(&self, unmarked: Option<&mut Vec<u64>>) -> Result<RelayReport> {
+        let (o, max, lease) = (&self.opts.owner, self.opts.batch, self.opts.lease);
+        let rows = match unmarked {
+            None => self.outbox.take(o, max, lease).await?,
+            Some(ref u) if u.is_empty() => self.outbox.take(o, max, lease).await?,
+            Some(ref u) => {
+                let rows = self.outbox.take_after_sent(u, o, max, lease).await?;
+                self.instruments().sent.increment(u.len() as u64);
+                rows
+            }
+        };
+        let mut unmarked = unmarked;
+        if let Some(u) = unmarked.as_mut() {
+            u.clear();
+        }
         let mut report = RelayReport {
             taken: rows.len(),
             ..RelayReport::default()
@@ -261,9 +283,14 @@ impl<O: OutboxStore> Inner<O> {
             Ok(()) => {
                 self.crash_point(RelayFaultPoint::AfterConfirm, &rows)
                     .await?;
-                self.outbox.mark_sent(&all).await?;
                 report.sent = all.len();
-                self.instruments().sent.increment(all.len() as u64);
+                match unmarked {
+                    Some(u) => u.extend_from_slice(&all),
+                    None => {
+                        self.outbox.mark_sent(&all).await?;
+                        self.instruments().sent.increment(all.len() as u64);
+                    }
+                }
                 Ok(report)
             }
             Err(e) if !e.kind().is_message_fault() => {

@@ -1,6 +1,8 @@
 //! `justonce outbox`: an outbox's backlog, its relays and its dead rows (`status`), what to
 //! do with the dead ones (`revive`, `discard`), and a relay as a process of its own
-//! (`relay`).
+//! (`relay`), and what the outbox costs (`bench`).
+
+mod bench;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -48,6 +50,9 @@ enum OutboxCommand {
     },
     /// Relays the outbox to a transport until SIGINT/SIGTERM (confirm, then mark).
     Relay(RelayArgs),
+    /// The relay's throughput against direct confirmed publishing, the latency the outbox
+    /// adds, and the table after a soak, side by side in interleaved rounds.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +127,7 @@ pub(crate) async fn run(args: OutboxArgs) -> anyhow::Result<()> {
             println!("discarded {n} dead row(s)");
             Ok(())
         }
+        OutboxCommand::Bench(args) => bench::run(args).await,
         OutboxCommand::Relay(args) => match StoreKind::from_url(&args.at.store)? {
             StoreKind::Sqlite => {
                 let store = SqliteStore::open(&args.at.store).await?;

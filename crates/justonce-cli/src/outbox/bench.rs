@@ -1,0 +1,505 @@
+//! `justonce outbox bench`: what the outbox costs, measured side by side on one transport
+//! and one store, in interleaved rounds.
+//!
+//! - **Throughput**: `messages` published directly with confirms (`concurrency` tasks,
+//!   `publish_batch` of `batch`), against the same messages, already committed to the
+//!   outbox, drained by a relay of `concurrency` loops taking `batch` rows; the paired
+//!   ratio relay / direct per round, and its median.
+//! - **Latency**: with the relay idle (its poll at 1 s, so only a wake-up is fast), one
+//!   message at a time: from the business commit to its arrival at a consumer, through the
+//!   outbox, against a publish right after the commit; the p50 the outbox adds.
+//! - **Soak** (`--soak N`): producers enqueue N messages while the relay runs; the largest
+//!   backlog seen, and the rows and bytes the table holds at the end.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use justonce::backend::StoreKind;
+use justonce::relay::{Relay, RelayOptions};
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::{Message, OutboxStore};
+use serde::Serialize;
+
+use crate::bench::clock::percentile;
+use crate::bus::Bus;
+use crate::orders::{Bank, Tables};
+
+/// Arguments of `justonce outbox bench`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Store URL of the outbox (default: embedded SQLite in a temporary directory).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// Transport URL the messages go to (default: an embedded SQLite queue).
+    #[arg(long, value_name = "URL")]
+    transport: Option<String>,
+    /// Messages per throughput run.
+    #[arg(long, default_value_t = 20_000)]
+    messages: usize,
+    /// Interleaved rounds (direct and relay in each, their order alternating).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Rows (and messages) per take and per publish.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Relay loops, and direct publishing tasks.
+    #[arg(long, default_value_t = 2)]
+    concurrency: usize,
+    /// Messages timed one by one for the latency.
+    #[arg(long, default_value_t = 200)]
+    latency_samples: usize,
+    /// Also enqueue this many messages while the relay runs, and report the table after.
+    #[arg(long, default_value_t = 0)]
+    soak: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    transport: String,
+    store: String,
+    messages: usize,
+    batch: usize,
+    concurrency: usize,
+    /// Messages per second of each round.
+    direct: Vec<f64>,
+    relay: Vec<f64>,
+    direct_median: f64,
+    relay_median: f64,
+    /// Median of the paired per-round ratios relay / direct.
+    ratio_median: f64,
+    latency_direct_p50_ms: f64,
+    latency_outbox_p50_ms: f64,
+    latency_outbox_p99_ms: f64,
+    /// p50 through the outbox less p50 of the direct publish.
+    latency_added_p50_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    soak: Option<Soak>,
+}
+
+#[derive(Debug, Serialize)]
+struct Soak {
+    messages: usize,
+    seconds: f64,
+    /// The largest backlog (pending rows) seen, sampled every 100 ms.
+    max_pending: u64,
+    /// Rows left at the end (0 when everything was sent).
+    rows_left: u64,
+    /// The outbox table's size on disk at the end, as the database reports it.
+    table_bytes: Option<u64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 50)
+}
+
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.messages == 0 || args.rounds == 0 || args.batch == 0 || args.concurrency == 0 {
+        bail!("--messages, --rounds, --batch and --concurrency must each be at least 1");
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("justonce-outbox-bench-")
+        .tempdir()?;
+    let sqlite = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
+    let store = args.store.clone().unwrap_or_else(|| sqlite("store.db"));
+    let transport = args.transport.clone().unwrap_or_else(|| sqlite("queue.db"));
+    let report = match StoreKind::from_url(&store)? {
+        StoreKind::Sqlite => run_on::<SqliteStore>(&args, &store, &transport).await?,
+        StoreKind::Postgres => run_on::<PgStore>(&args, &store, &transport).await?,
+        StoreKind::MySql => run_on::<MySqlStore>(&args, &store, &transport).await?,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(())
+}
+
+fn table(r: &Report) -> String {
+    let mut out = format!(
+        "justonce outbox bench: transport {}, store {}, {} messages, batch {}, concurrency {}\n\n",
+        r.transport, r.store, r.messages, r.batch, r.concurrency
+    );
+    out += &format!(
+        "throughput (msg/s, median of {} interleaved rounds): direct {:.0}, relay {:.0}; \
+         relay/direct {:.2} (median of paired ratios)\n",
+        r.direct.len(),
+        r.direct_median,
+        r.relay_median,
+        r.ratio_median
+    );
+    out += &format!(
+        "latency commit -> arrival (ms): direct p50 {:.2}; outbox p50 {:.2}, p99 {:.2}; \
+         added p50 {:.2}\n",
+        r.latency_direct_p50_ms,
+        r.latency_outbox_p50_ms,
+        r.latency_outbox_p99_ms,
+        r.latency_added_p50_ms
+    );
+    if let Some(s) = &r.soak {
+        out +=
+            &format!(
+            "soak: {} messages in {:.1} s while relaying; largest backlog {} rows; left {} rows, \
+             table {}\n",
+            s.messages,
+            s.seconds,
+            s.max_pending,
+            s.rows_left,
+            s.table_bytes
+                .map_or("size unknown".into(), |b| format!("{:.1} KiB", b as f64 / 1024.0))
+        );
+    }
+    out
+}
+
+fn messages(run: &str, n: usize) -> Vec<Message> {
+    (0..n)
+        .map(|i| {
+            Message::new(format!(
+                r#"{{"n":{i},"pad":"0123456789abcdef0123456789abcdef"}}"#
+            ))
+            .with_id(format!("{run}-{i}"))
+            .expect("a valid id")
+        })
+        .collect()
+}
+
+async fn run_on<B: Bank>(
+    args: &BenchArgs,
+    store_url: &str,
+    transport: &str,
+) -> anyhow::Result<Report> {
+    let run = format!("{:08x}", fastrand::u32(..));
+    let tables = Tables::new(&format!("jo_obench_{run}"))?;
+    let store = B::open(store_url, &tables).await?;
+    let outbox = store.outbox(&tables).await?;
+    let bar = crate::demo::progress_bar(args.json, (args.rounds * 2) as u64, "rounds");
+    let (mut direct, mut relay) = (Vec::new(), Vec::new());
+    for r in 0..args.rounds {
+        let msgs = messages(&format!("{run}-{r}"), args.messages);
+        let order = if r % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for is_direct in order {
+            let queue = format!(
+                "jo-obench-{run}-{r}-{}",
+                if is_direct { "direct" } else { "relay" }
+            );
+            let bus = Bus::open_publisher(transport, &queue, &args.topology).await?;
+            let rate = if is_direct {
+                publish_direct(&bus, &msgs, args).await?
+            } else {
+                drain_by_relay(&store, &outbox, &bus, &msgs, args).await?
+            };
+            bus.cleanup().await?;
+            if is_direct {
+                direct.push(rate);
+            } else {
+                relay.push(rate);
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let ratios: Vec<f64> = relay.iter().zip(&direct).map(|(r, d)| r / d).collect();
+    let (lat_direct, lat_outbox) = latency(&store, &outbox, transport, &run, args).await?;
+    let soak = if args.soak > 0 {
+        Some(soak(&store, &outbox, transport, &run, &tables, args).await?)
+    } else {
+        None
+    };
+    store.drop_tables(&tables).await?;
+    Ok(Report {
+        transport: redact(transport),
+        store: redact(store_url),
+        messages: args.messages,
+        batch: args.batch,
+        concurrency: args.concurrency,
+        direct_median: median(direct.clone()),
+        relay_median: median(relay.clone()),
+        direct,
+        relay,
+        ratio_median: median(ratios),
+        latency_direct_p50_ms: percentile(&lat_direct, 50),
+        latency_outbox_p50_ms: percentile(&lat_outbox, 50),
+        latency_outbox_p99_ms: percentile(&lat_outbox, 99),
+        latency_added_p50_ms: percentile(&lat_outbox, 50) - percentile(&lat_direct, 50),
+        soak,
+    })
+}
+
+fn redact(url: &str) -> String {
+    justonce::redact_url(url)
+}
+
+/// Publishes `msgs` with confirms from `concurrency` tasks; answers msg/s.
+async fn publish_direct(bus: &Bus, msgs: &[Message], args: &BenchArgs) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let chunks: Vec<Vec<Message>> = msgs.chunks(args.batch).map(<[Message]>::to_vec).collect();
+    let chunks = Arc::new(Mutex::new(chunks.into_iter()));
+    let mut tasks: tokio::task::JoinSet<justonce::Result<()>> = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency {
+        let publisher = bus.publisher();
+        let chunks = chunks.clone();
+        tasks.spawn(async move {
+            loop {
+                let next = chunks.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some(chunk) = next else { return Ok(()) };
+                publisher.publish_batch(&chunk).await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(msgs.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+fn relay_of<O: OutboxStore + Clone>(
+    outbox: &O,
+    bus: &Bus,
+    args: &BenchArgs,
+) -> anyhow::Result<Relay<O>> {
+    Ok(Relay::new(
+        outbox.clone(),
+        bus.publisher(),
+        RelayOptions::default()
+            .batch(args.batch)
+            .concurrency(args.concurrency),
+    )?)
+}
+
+/// Runs `relay` until `done` resolves.
+fn spawn_relay<O: OutboxStore>(
+    relay: Relay<O>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<justonce::Result<()>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        relay
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, task)
+}
+
+/// Commits `msgs` to the outbox (untimed), then times a relay draining them; msg/s.
+async fn drain_by_relay<B: Bank>(
+    store: &B,
+    outbox: &B::Outbox,
+    bus: &Bus,
+    msgs: &[Message],
+    args: &BenchArgs,
+) -> anyhow::Result<f64> {
+    for chunk in msgs.chunks(args.batch) {
+        let mut tx = store.begin().await?;
+        for m in chunk {
+            outbox.enqueue(&mut tx, m, None).await?;
+        }
+        store.commit(tx).await?;
+    }
+    let started = Instant::now();
+    let (stop, task) = spawn_relay(relay_of(outbox, bus, args)?);
+    // Polled every 25 ms: the count is a scan of the table, and polling it faster took
+    // the relay's CPU on two cores.
+    loop {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        if outbox.outbox_stats().await?.pending == 0 {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the relay did not drain {} rows in 10 minutes", msgs.len());
+        }
+    }
+    let rate = msgs.len() as f64 / started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    task.await??;
+    Ok(rate)
+}
+
+/// Receives from `queue` and notes when each id arrived.
+fn arrivals(
+    bus: Bus,
+) -> (
+    Arc<Mutex<HashMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let noted = seen.clone();
+    let task = tokio::spawn(async move {
+        let Ok(source) = bus.source() else { return };
+        loop {
+            let Ok(got) = source.receive(100, Duration::from_millis(200)).await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let now = Instant::now();
+            {
+                let mut seen = noted.lock().unwrap_or_else(|e| e.into_inner());
+                for d in &got {
+                    if let Some(id) = d.message.id() {
+                        seen.entry(id.to_string()).or_insert(now);
+                    }
+                }
+            }
+            let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+            let _ = source.ack(&receipts).await;
+        }
+    });
+    (seen, task)
+}
+
+/// Waits for `id`'s arrival; answers the milliseconds since `since`.
+async fn arrival_ms(
+    seen: &Mutex<HashMap<String, Instant>>,
+    id: &str,
+    since: Instant,
+) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(t) = seen.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            return Ok(t.saturating_duration_since(since).as_secs_f64() * 1000.0);
+        }
+        if Instant::now() > deadline {
+            bail!("message {id} did not arrive within 30 s");
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+/// One message at a time, alternating: a publish right after a commit, and an enqueue in
+/// the commit; each timed from the commit to its arrival. Sorted milliseconds of each.
+async fn latency<B: Bank>(
+    store: &B,
+    outbox: &B::Outbox,
+    transport: &str,
+    run: &str,
+    args: &BenchArgs,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let queue = format!("jo-obench-{run}-latency");
+    let consumer = Bus::open(
+        transport,
+        &queue,
+        Duration::from_secs(30),
+        200,
+        &args.topology,
+    )
+    .await?;
+    let publisher = Bus::open_publisher(transport, &queue, &args.topology).await?;
+    let (seen, receiving) = arrivals(consumer.clone());
+    // An idle relay: its poll is a second, so only a wake-up delivers fast.
+    let relay = Relay::new(
+        outbox.clone(),
+        publisher.publisher(),
+        RelayOptions::default().concurrency(1),
+    )?;
+    let (stop, task) = spawn_relay(relay);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    for i in 0..args.latency_samples {
+        let m = Message::new("{}").with_id(format!("{run}-lat-d-{i}"))?;
+        let since = Instant::now();
+        publisher.publisher().publish(&m).await?;
+        direct.push(arrival_ms(&seen, &format!("{run}-lat-d-{i}"), since).await?);
+
+        let id = format!("{run}-lat-o-{i}");
+        let m = Message::new("{}").with_id(id.clone())?;
+        let mut tx = store.begin().await?;
+        outbox.enqueue(&mut tx, &m, None).await?;
+        store.commit(tx).await?;
+        let since = Instant::now();
+        through.push(arrival_ms(&seen, &id, since).await?);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop.send(());
+    task.await??;
+    receiving.abort();
+    consumer.cleanup().await?;
+    direct.sort_by(f64::total_cmp);
+    through.sort_by(f64::total_cmp);
+    Ok((direct, through))
+}
+
+/// Producers enqueue `args.soak` messages while the relay runs.
+async fn soak<B: Bank>(
+    store: &B,
+    outbox: &B::Outbox,
+    transport: &str,
+    run: &str,
+    tables: &Tables,
+    args: &BenchArgs,
+) -> anyhow::Result<Soak> {
+    let queue = format!("jo-obench-{run}-soak");
+    let bus = Bus::open(
+        transport,
+        &queue,
+        Duration::from_secs(30),
+        500,
+        &args.topology,
+    )
+    .await?;
+    let (_seen, receiving) = arrivals(bus.clone());
+    let (stop, task) = spawn_relay(relay_of(outbox, &bus, args)?);
+    let bar = crate::demo::progress_bar(args.json, args.soak as u64, "soak");
+    let started = Instant::now();
+    let mut producers: tokio::task::JoinSet<justonce::Result<()>> = tokio::task::JoinSet::new();
+    let per = args.soak.div_ceil(2);
+    for p in 0..2 {
+        let (store, outbox) = (store.clone(), outbox.clone());
+        let (run, batch, total) = (run.to_owned(), args.batch, args.soak);
+        producers.spawn(async move {
+            let mut i = p * per;
+            while i < ((p + 1) * per).min(total) {
+                let mut tx = store.begin().await?;
+                for _ in 0..batch.min((p + 1) * per - i) {
+                    let m = Message::new("{}").with_id(format!("{run}-soak-{i}"))?;
+                    outbox.enqueue(&mut tx, &m, None).await?;
+                    i += 1;
+                }
+                store.commit(tx).await?;
+            }
+            Ok(())
+        });
+    }
+    let mut max_pending = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pending = outbox.outbox_stats().await?.pending;
+        max_pending = max_pending.max(pending);
+        bar.set_position((args.soak as u64).min(started.elapsed().as_millis() as u64));
+        if producers.is_empty() && pending == 0 {
+            break;
+        }
+        while let Some(r) = producers.try_join_next() {
+            r??;
+        }
+    }
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    task.await??;
+    receiving.abort();
+    bus.cleanup().await?;
+    let stats = outbox.outbox_stats().await?;
+    Ok(Soak {
+        messages: args.soak,
+        seconds,
+        max_pending,
+        rows_left: stats.pending + stats.dead,
+        table_bytes: store.table_bytes(&tables.outbox).await.ok(),
+    })
+}
