@@ -48,14 +48,9 @@ impl Default for OutboxOptions {
 pub(crate) enum TakeSql {
     /// One statement that leases and returns the rows: owner, lease in ms, max.
     Returning(String),
-    /// The same, in a transaction that first takes `lock` (no parameters), held to its
-    /// commit: one take at a time, each reading what the one before it leased.
-    Locked { lock: String, take: String },
-    /// In steps, in a transaction that first takes `lock` (no parameters; a row lock held
-    /// to the commit, so a take dropped midway rolls back and frees it): `choose` (max)
-    /// answers the seqs; `lease` (owner, lease in ms) and `read` end with `{seqs}`.
+    /// In steps: `choose` (max) answers the seqs; `lease` (owner, lease in ms) and `read`
+    /// end with `{seqs}`.
     Steps {
-        lock: String,
         choose: String,
         lease: String,
         read: String,
@@ -115,6 +110,10 @@ pub(crate) struct OutboxSql {
     pub(crate) enqueue_lock: Option<String>,
     pub(crate) enqueue: String,
     pub(crate) notify: Option<String>,
+    /// Taken first in a take's transaction (no parameters), held to its commit: one take
+    /// at a time, each reading what the one before it leased, and a take dropped midway
+    /// rolls back and frees it. `None`: the database serialises writers itself (SQLite).
+    pub(crate) take_lock: Option<String>,
     pub(crate) take: TakeSql,
     pub(crate) fail: String,
     pub(crate) is_dead: String,
@@ -243,47 +242,39 @@ where
     ) -> Result<Vec<OutboxRow>> {
         let lease = Arg::Int(lease.as_millis() as i64);
         let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
-        let rows = match &self.sql.take {
-            TakeSql::Returning(sql) if sent.is_empty() => {
+        let rows = match (&self.sql.take, &self.sql.take_lock) {
+            // Nothing to mark and nothing to lock: one statement, no transaction.
+            (TakeSql::Returning(sql), None) if sent.is_empty() => {
                 let mut conn = self.pool.acquire().await?;
                 (*conn).outbox_rows(sql, &args).await?
             }
-            TakeSql::Returning(sql) => {
+            (take, lock) => {
                 let mut tx = self.pool.begin().await?;
-                delete_sent(&mut tx, &self.sql.sent, sent).await?;
-                let rows = (*tx).outbox_rows(sql, &args).await?;
-                tx.commit().await?;
-                rows
-            }
-            TakeSql::Locked { lock, take } => {
-                let mut tx = self.pool.begin().await?;
-                (*tx).execute(lock, &[]).await?;
-                delete_sent(&mut tx, &self.sql.sent, sent).await?;
-                let rows = (*tx).outbox_rows(take, &args).await?;
-                tx.commit().await?;
-                rows
-            }
-            TakeSql::Steps {
-                lock,
-                choose,
-                lease: lease_sql,
-                read,
-            } => {
-                let mut tx = self.pool.begin().await?;
-                (*tx).execute(lock, &[]).await?;
-                delete_sent(&mut tx, &self.sql.sent, sent).await?;
-                let seqs: Vec<u64> = (*tx)
-                    .text_rows(choose, &[Arg::Int(max as i64)])
-                    .await?
-                    .iter()
-                    .map(|r| number(&r[0]))
-                    .collect();
-                let rows = if seqs.is_empty() {
-                    Vec::new()
-                } else {
-                    let args = [Arg::Text(owner), lease];
-                    (*tx).execute(&with_seqs(lease_sql, &seqs), &args).await?;
-                    (*tx).outbox_rows(&with_seqs(read, &seqs), &[]).await?
+                if let Some(lock) = lock {
+                    (*tx).execute(lock, &[]).await?;
+                }
+                for_seqs(&mut *tx, &self.sql.sent, sent).await?;
+                let rows = match take {
+                    TakeSql::Returning(sql) => (*tx).outbox_rows(sql, &args).await?,
+                    TakeSql::Steps {
+                        choose,
+                        lease: lease_sql,
+                        read,
+                    } => {
+                        let seqs: Vec<u64> = (*tx)
+                            .text_rows(choose, &[Arg::Int(max as i64)])
+                            .await?
+                            .iter()
+                            .map(|r| number(&r[0]))
+                            .collect();
+                        if seqs.is_empty() {
+                            Vec::new()
+                        } else {
+                            let args = [Arg::Text(owner), lease];
+                            (*tx).execute(&with_seqs(lease_sql, &seqs), &args).await?;
+                            (*tx).outbox_rows(&with_seqs(read, &seqs), &[]).await?
+                        }
+                    }
                 };
                 tx.commit().await?;
                 rows
@@ -303,7 +294,8 @@ where
     }
 
     async fn mark_sent(&self, seqs: &[u64]) -> Result<()> {
-        for_seqs(&self.pool, &self.sql.sent, seqs).await
+        for_seqs(&mut *self.pool.acquire().await?, &self.sql.sent, seqs).await?;
+        Ok(())
     }
 
     async fn mark_failed(
@@ -332,7 +324,8 @@ where
     }
 
     async fn release(&self, seqs: &[u64]) -> Result<()> {
-        for_seqs(&self.pool, &self.sql.release, seqs).await
+        for_seqs(&mut *self.pool.acquire().await?, &self.sql.release, seqs).await?;
+        Ok(())
     }
 
     async fn outbox_stats(&self) -> Result<OutboxStats> {
@@ -408,52 +401,29 @@ where
     }
 }
 
-/// Runs a statement on dead rows: all, or `seqs`.
+/// Runs a statement on dead rows (`sql` ends with `{and}`): all, or `seqs`.
 async fn on_dead<DB>(pool: &sqlx::Pool<DB>, sql: &str, seqs: Option<&[u64]>) -> Result<u64>
 where
     DB: sqlx::Database<Connection: Conn>,
 {
-    {
-        let mut conn = pool.acquire().await?;
-        match seqs {
-            None => Ok((*conn).execute(&sql.replace("{and}", ""), &[]).await?),
-            Some(seqs) => {
-                let mut n = 0;
-                for chunk in seqs.chunks(500) {
-                    let and = with_seqs(" AND seq IN ({seqs})", chunk);
-                    n += (*conn).execute(&sql.replace("{and}", &and), &[]).await?;
-                }
-                Ok(n)
-            }
+    let mut conn = pool.acquire().await?;
+    match seqs {
+        None => Ok((*conn).execute(&sql.replace("{and}", ""), &[]).await?),
+        Some(seqs) => {
+            let sql = sql.replace("{and}", " AND seq IN ({seqs})");
+            for_seqs(&mut *conn, &sql, seqs).await
         }
     }
 }
 
-/// Deletes the rows `seqs` (`sent` ends with `{seqs}`) inside `tx`, 500 at a time.
-async fn delete_sent<DB>(
-    tx: &mut sqlx::Transaction<'static, DB>,
-    sent: &str,
-    seqs: &[u64],
-) -> Result<()>
-where
-    DB: sqlx::Database<Connection: Conn>,
-{
+/// Runs `sql` (ending with `{seqs}`) for `seqs`, 500 at a time, on `conn` (a pooled
+/// connection or a transaction); answers the rows it touched.
+async fn for_seqs<C: Conn + Send + ?Sized>(conn: &mut C, sql: &str, seqs: &[u64]) -> Result<u64> {
+    let mut n = 0;
     for chunk in seqs.chunks(500) {
-        (**tx).execute(&with_seqs(sent, chunk), &[]).await?;
+        n += conn.execute(&with_seqs(sql, chunk), &[]).await?;
     }
-    Ok(())
-}
-
-/// Runs `sql` for `seqs`, 500 at a time.
-async fn for_seqs<DB>(pool: &sqlx::Pool<DB>, sql: &str, seqs: &[u64]) -> Result<()>
-where
-    DB: sqlx::Database<Connection: Conn>,
-{
-    let mut conn = pool.acquire().await?;
-    for chunk in seqs.chunks(500) {
-        (*conn).execute(&with_seqs(sql, chunk), &[]).await?;
-    }
-    Ok(())
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! is told to stop, each finishes what it has in hand, and the first error is the answer.
 
 use std::future::Future;
+use std::time::Duration;
 
 use justonce_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
@@ -57,4 +58,13 @@ impl Supervisor {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Sleeps `d`, or less when `stop` turns true; answers whether it did.
+pub(crate) async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    *stop.borrow()
 }

@@ -116,3 +116,18 @@ pub(crate) fn percentile(sorted: &[f64], p: usize) -> f64 {
     }
     sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
 }
+
+/// The median of the finite values of `v`; NaN when there are none.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use justonce::backend::{StoreKind, TransportKind};
 use serde::{Deserialize, Serialize};
 
+use super::clock::median;
 use super::run::RunResult;
 use super::{BenchArgs, Case, Variant};
 
@@ -69,20 +70,6 @@ pub(crate) struct BenchReport {
     pub(crate) unordered: bool,
     pub(crate) variants: Vec<VariantReport>,
     pub(crate) ratios: Ratios,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
 }
 
 pub(crate) fn report(

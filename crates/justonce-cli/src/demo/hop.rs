@@ -126,24 +126,13 @@ impl<B: Bank> SecondHop<B> {
             .with_fault_hook(faults.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let (stop_relay, relay_stopped) = oneshot::channel::<()>();
-            let relaying = tokio::spawn(async move {
-                relay
-                    .run_until(async {
-                        let _ = relay_stopped.await;
-                    })
-                    .await
-            });
+            let relaying = relay.spawn();
             let consumed = consumer
                 .run_until(async {
                     let _ = stopped.await;
                 })
                 .await;
-            let _ = stop_relay.send(());
-            let relayed = relaying.await.map_err(|e| {
-                justonce::Error::with_source(justonce::ErrorKind::Internal, "the relay failed", e)
-            })?;
-            consumed.and(relayed)
+            consumed.and(relaying.stop().await)
         });
         Ok(SecondHop {
             bus,

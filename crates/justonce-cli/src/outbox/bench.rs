@@ -22,7 +22,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{Message, OutboxStore};
 use serde::Serialize;
 
-use crate::bench::clock::percentile;
+use crate::bench::clock::{median, percentile};
 use crate::bus::Bus;
 use crate::orders::{Bank, Tables};
 
@@ -93,11 +93,6 @@ struct Soak {
     rows_left: u64,
     /// The outbox table's size on disk at the end, as the database reports it.
     table_bytes: Option<u64>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    percentile(&v, 50)
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -279,24 +274,6 @@ fn relay_of<O: OutboxStore + Clone>(
     )?)
 }
 
-/// Runs `relay` until `done` resolves.
-fn spawn_relay<O: OutboxStore>(
-    relay: Relay<O>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<justonce::Result<()>>,
-) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        relay
-            .run_until(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    (stop, task)
-}
-
 /// Commits `msgs` to the outbox (untimed), then times a relay draining them; msg/s.
 async fn drain_by_relay<B: Bank>(
     store: &B,
@@ -313,7 +290,7 @@ async fn drain_by_relay<B: Bank>(
         store.commit(tx).await?;
     }
     let started = Instant::now();
-    let (stop, task) = spawn_relay(relay_of(outbox, bus, args)?);
+    let running = relay_of(outbox, bus, args)?.spawn();
     // Polled every 25 ms: the count is a scan of the table, and polling it faster took
     // the relay's CPU on two cores.
     loop {
@@ -326,8 +303,7 @@ async fn drain_by_relay<B: Bank>(
         }
     }
     let rate = msgs.len() as f64 / started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    task.await??;
+    running.stop().await?;
     Ok(rate)
 }
 
@@ -407,7 +383,7 @@ async fn latency<B: Bank>(
         publisher.publisher(),
         RelayOptions::default().concurrency(1),
     )?;
-    let (stop, task) = spawn_relay(relay);
+    let running = relay.spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (mut direct, mut through) = (Vec::new(), Vec::new());
     for i in 0..args.latency_samples {
@@ -425,8 +401,7 @@ async fn latency<B: Bank>(
         through.push(arrival_ms(&seen, &id, since).await?);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let _ = stop.send(());
-    task.await??;
+    running.stop().await?;
     receiving.abort();
     consumer.cleanup().await?;
     direct.sort_by(f64::total_cmp);
@@ -453,7 +428,7 @@ async fn soak<B: Bank>(
     )
     .await?;
     let (_seen, receiving) = arrivals(bus.clone());
-    let (stop, task) = spawn_relay(relay_of(outbox, &bus, args)?);
+    let running = relay_of(outbox, &bus, args)?.spawn();
     let bar = crate::demo::progress_bar(args.json, args.soak as u64, "soak");
     let started = Instant::now();
     let mut producers: tokio::task::JoinSet<justonce::Result<()>> = tokio::task::JoinSet::new();
@@ -490,8 +465,7 @@ async fn soak<B: Bank>(
     }
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    task.await??;
+    running.stop().await?;
     receiving.abort();
     bus.cleanup().await?;
     let stats = outbox.outbox_stats().await?;

@@ -124,26 +124,25 @@ fn sql(t: &str) -> OutboxSql {
              VALUES ($1, $2, $3, $4, $5)"
         ),
         notify: Some(format!("SELECT pg_notify('{CHANNEL}', '{t}')")),
-        // `seq = ANY (ARRAY(…))`, not a join on the CTE: the planner hash-joined the whole
-        // table for a hundred rows (5 ms for 20,000 rows, against 1 ms by the index).
         // Takes are serialised by a transaction-scoped lock, and run their statement after
         // it, so each reads the leases of the one before. Per-key try-locks inside one
         // statement are not enough: under READ COMMITTED the statement's snapshot is taken
         // before a concurrent take commits and frees its key, and the later rows of that
         // key, read after it, would pass both the "no earlier row leased" check (the
         // snapshot's) and the lock (free by then), overtaking the rows just leased.
-        take: TakeSql::Locked {
-            // With the lock, the plan: by the seq index, never a scan and a sort of the whole
-            // backlog. The planner cannot know how few rows are due (`clock_timestamp()`),
-            // and with 860,000 rows pending it sorted them all for a hundred: 570 ms a take
-            // (80 ms by the index, the rest of that the deleted rows at the head).
-            lock: format!(
-                "SELECT pg_advisory_xact_lock({TAKE_LOCK}, hashtext('{t}'))::text,
+        // With the lock, the plan: by the seq index, never a scan and a sort of the whole
+        // backlog. The planner cannot know how few rows are due (`clock_timestamp()`),
+        // and with 860,000 rows pending it sorted them all for a hundred: 570 ms a take
+        // (80 ms by the index, the rest of that the deleted rows at the head).
+        take_lock: Some(format!(
+            "SELECT pg_advisory_xact_lock({TAKE_LOCK}, hashtext('{t}'))::text,
                         set_config('enable_seqscan', 'off', true),
                         set_config('enable_sort', 'off', true)"
-            ),
-            take: format!(
-                "WITH blocked AS (
+        )),
+        // `seq = ANY (ARRAY(…))`, not a join on the CTE: the planner hash-joined the whole
+        // table for a hundred rows (5 ms for 20,000 rows, against 1 ms by the index).
+        take: TakeSql::Returning(format!(
+            "WITH blocked AS (
                      SELECT okey, min(seq) AS first FROM {t}
                      WHERE okey IS NOT NULL AND (dead_reason IS NOT NULL OR due_at > {now}
                                                  OR leased_until > {now})
@@ -158,8 +157,7 @@ fn sql(t: &str) -> OutboxSql {
                  UPDATE {t} SET owner = $1, leased_until = {now} + $2 {ms}
                  WHERE seq = ANY (ARRAY(SELECT seq FROM chosen))
                  RETURNING seq, okey, message_id, payload, headers, content_type, attempts"
-            ),
-        },
+        )),
         fail: format!(
             "UPDATE {t} SET attempts = attempts + 1, owner = NULL, leased_until = NULL,
                  due_at = {now} + $1 {ms}, last_error = $2,

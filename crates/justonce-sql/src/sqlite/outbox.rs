@@ -61,6 +61,7 @@ fn sql(t: &str) -> OutboxSql {
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
         notify: None,
+        take_lock: None,
         take: TakeSql::Returning(format!(
             "UPDATE {t} SET owner = ?1, leased_until = {now} + ?2
              WHERE seq IN (

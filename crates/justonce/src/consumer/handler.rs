@@ -5,6 +5,9 @@ use justonce_core::{
     outgoing_id, Delivery, Disposition, Error, ErrorKind, Message, MessageId, Result,
 };
 
+/// A message a handler sent, with its ordering key.
+pub(crate) type Outgoing = (Option<String>, Message);
+
 /// What a handler knows about the delivery it is handling.
 #[derive(Debug)]
 pub struct Context<'a> {
@@ -13,10 +16,9 @@ pub struct Context<'a> {
     pub(crate) id: Option<&'a MessageId>,
     pub(crate) token: Option<u64>,
     pub(crate) result: Mutex<Option<Vec<u8>>>,
-    /// Whether the consumer has an outbox to send through.
-    pub(crate) can_send: bool,
-    /// Messages sent, with their ordering keys, enqueued once the handler returns `Ok`.
-    pub(crate) outgoing: Mutex<Vec<(Option<String>, Message)>>,
+    /// Messages sent, with their ordering keys, enqueued once the handler returns `Ok`;
+    /// `None` when the consumer has no outbox.
+    pub(crate) outgoing: Option<Mutex<Vec<Outgoing>>>,
 }
 
 impl<'a> Context<'a> {
@@ -89,27 +91,29 @@ impl<'a> Context<'a> {
     }
 
     fn push(&self, key: Option<String>, message: Message) -> Result<MessageId> {
-        if !self.can_send {
+        let Some(outgoing) = &self.outgoing else {
             return Err(Error::config(format!(
                 "consumer `{}` has no outbox to send through: give it one with \
                  Consumer::with_outbox",
                 self.consumer
             )));
-        }
+        };
         let incoming = self.id.ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidInput,
                 "a message without an id cannot send: the ids of what it sends derive from it",
             )
         })?;
-        let mut out = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = outgoing.lock().unwrap_or_else(|e| e.into_inner());
         let id = outgoing_id(self.consumer, incoming, out.len() as u32);
         out.push((key, message.with_message_id(Some(id.clone()))));
         Ok(id)
     }
 
-    pub(crate) fn take_outgoing(&self) -> Vec<(Option<String>, Message)> {
-        std::mem::take(&mut *self.outgoing.lock().unwrap_or_else(|e| e.into_inner()))
+    pub(crate) fn take_outgoing(&self) -> Vec<Outgoing> {
+        self.outgoing.as_ref().map_or_else(Vec::new, |o| {
+            std::mem::take(&mut *o.lock().unwrap_or_else(|e| e.into_inner()))
+        })
     }
 
     pub(crate) fn take_result(&self) -> Option<Vec<u8>> {

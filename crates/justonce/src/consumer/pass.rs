@@ -233,8 +233,7 @@ where
             id: slot.id.as_ref(),
             token: slot.token,
             result: Mutex::new(None),
-            can_send: self.outbox.is_some(),
-            outgoing: Mutex::new(Vec::new()),
+            outgoing: self.outbox.as_ref().map(|_| Mutex::new(Vec::new())),
         }
     }
 
@@ -242,10 +241,14 @@ where
     async fn enqueue_outgoing(
         &self,
         tx: &mut S::Tx,
-        outgoing: Vec<(Option<String>, Message)>,
+        outgoing: Vec<super::handler::Outgoing>,
     ) -> Result<()> {
         let Some(outbox) = &self.outbox else {
-            return Err(Error::config("a handler sent with no outbox"));
+            // A context has somewhere to send only when the consumer has an outbox.
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a handler sent with no outbox",
+            ));
         };
         for (key, message) in &outgoing {
             outbox.enqueue(tx, message, key.as_deref()).await?;

@@ -93,9 +93,8 @@ where
                     error!(worker, consumer = %self.opts.name, %kind, error = %text, advice = kind.advice(), ?pause, "batch failed for a reason that is not the messages': it was handed back without counting an attempt, and the consumer pauses until this is fixed");
                 }
             }
-            tokio::select! {
-                _ = stop.changed() => break,
-                _ = tokio::time::sleep(pause) => {}
+            if crate::tasks::sleep_or_stop(pause, &mut stop).await {
+                break;
             }
         }
         if failures > 0 {
@@ -139,9 +138,8 @@ where
                     }
                 }
             }
-            tokio::select! {
-                _ = stop.changed() => return Ok(()),
-                _ = tokio::time::sleep(self.opts.dedup.purge_interval) => {}
+            if crate::tasks::sleep_or_stop(self.opts.dedup.purge_interval, &mut stop).await {
+                return Ok(());
             }
         }
     }

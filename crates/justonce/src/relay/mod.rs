@@ -157,6 +157,33 @@ impl<O: OutboxStore> Relay<O> {
         self.inner.pass(None).await
     }
 
+    /// Runs the relay on a task of its own, beside the rest of the program (a consumer, an
+    /// HTTP server), until [`RunningRelay::stop`].
+    ///
+    /// ```no_run
+    /// # use justonce::relay::{Relay, RelayOptions};
+    /// # use justonce::sql::{SqliteQueue, SqliteStore};
+    /// # async fn run() -> justonce::Result<()> {
+    /// # let store = SqliteStore::open("sqlite:app.db").await?;
+    /// # let receipts = SqliteQueue::open("sqlite:queue.db", "receipts").await?;
+    /// let relay = Relay::new(store.outbox().await?, receipts, RelayOptions::default())?.spawn();
+    /// // … run the consumers …
+    /// relay.stop().await // the pass under way finishes, its rows marked
+    /// # }
+    /// ```
+    pub fn spawn(&self) -> RunningRelay {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relay = self.clone();
+        let task = tokio::spawn(async move {
+            relay
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        RunningRelay { stop, task }
+    }
+
     /// Runs `concurrency` relay loops until `shutdown` resolves; a pass under way then
     /// finishes (publish and mark) first. Errors that are not a row's pause a loop with
     /// backoff; the relay never stops on its own.
@@ -172,11 +199,21 @@ impl<O: OutboxStore> Relay<O> {
     }
 }
 
-/// Sleeps `d`, or less when `stop` turns true.
-async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => {}
-        _ = stop.wait_for(|s| *s) => {}
+/// A relay running on a task of its own ([`Relay::spawn`]).
+#[derive(Debug)]
+pub struct RunningRelay {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl RunningRelay {
+    /// Stops the relay: the passes under way finish (publish and mark), then it returns
+    /// what [`Relay::run_until`] returned.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Internal, "the relay task failed", e))?
     }
 }
 
@@ -197,7 +234,7 @@ impl<O: OutboxStore> Inner<O> {
                     // Rows behind a failed one of their key went back: let the rest of
                     // the outbox go first rather than taking them again at once.
                     failures = 0;
-                    sleep_or_stop(
+                    crate::tasks::sleep_or_stop(
                         self.opts.poll_interval.min(Duration::from_millis(50)),
                         &mut stop,
                     )
@@ -215,13 +252,13 @@ impl<O: OutboxStore> Inner<O> {
                     let pause = self.pause.delay(failures);
                     warn!(
                         relay = %self.opts.name,
-                        error = %justonce_core::error_chain(&e),
+                        error = %e.to_chain_string(),
                         advice = e.kind().advice(),
                         ?pause,
                         "relay pass failed; its rows go back and it pauses"
                     );
                     self.instruments().pauses.increment(1);
-                    sleep_or_stop(pause, &mut stop).await;
+                    crate::tasks::sleep_or_stop(pause, &mut stop).await;
                 }
             }
         }
@@ -242,7 +279,7 @@ impl<O: OutboxStore> Inner<O> {
                 Ok(stats) => self.instruments().stats(&stats),
                 Err(e) => debug!(error = %e, "cannot read the outbox's stats"),
             }
-            sleep_or_stop(self.opts.stats_interval, &mut stop).await;
+            crate::tasks::sleep_or_stop(self.opts.stats_interval, &mut stop).await;
         }
         Ok(())
     }
@@ -250,18 +287,11 @@ impl<O: OutboxStore> Inner<O> {
     /// One take and its publish. With `unmarked`, the rows it holds are marked sent in this
     /// take's transaction, and this batch's rows are left in it for the next one; without,
     /// they are marked at once.
-    async fn pass(&self, unmarked: Option<&mut Vec<u64>>) -> Result<RelayReport> {
+    async fn pass(&self, mut unmarked: Option<&mut Vec<u64>>) -> Result<RelayReport> {
+        let sent = unmarked.as_deref().map_or(&[][..], Vec::as_slice);
         let (o, max, lease) = (&self.opts.owner, self.opts.batch, self.opts.lease);
-        let rows = match unmarked {
-            None => self.outbox.take(o, max, lease).await?,
-            Some(ref u) if u.is_empty() => self.outbox.take(o, max, lease).await?,
-            Some(ref u) => {
-                let rows = self.outbox.take_after_sent(u, o, max, lease).await?;
-                self.instruments().sent.increment(u.len() as u64);
-                rows
-            }
-        };
-        let mut unmarked = unmarked;
+        let rows = self.outbox.take_after_sent(sent, o, max, lease).await?;
+        self.instruments().sent.increment(sent.len() as u64);
         if let Some(u) = unmarked.as_mut() {
             u.clear();
         }
@@ -339,7 +369,7 @@ impl<O: OutboxStore> Inner<O> {
                     if let Some(k) = &row.key {
                         blocked.insert(k.clone());
                     }
-                    let reason = justonce_core::error_chain(&e);
+                    let reason = e.to_chain_string();
                     let delay = self.retry.delay(row.attempts + 1);
                     let fate = self
                         .outbox

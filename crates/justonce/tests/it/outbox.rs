@@ -231,17 +231,7 @@ async fn a_running_relay_is_woken_by_a_commit_not_by_its_poll() {
             .concurrency(1),
     )
     .unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run_until(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-        }
-    });
+    let running = relay.spawn();
     tokio::time::sleep(Duration::from_millis(50)).await;
     enqueue(&store, &[("woken", None)]).await;
     let got = queue.receive(1, Duration::from_secs(5)).await.unwrap();
@@ -250,8 +240,7 @@ async fn a_running_relay_is_woken_by_a_commit_not_by_its_poll() {
         1,
         "the commit woke the relay within 5 s of an hour's poll"
     );
-    stop_tx.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await.unwrap();
 }
 
 /// Pays and sends a receipt and a notice; fails its first run of `fail-once` after sending.

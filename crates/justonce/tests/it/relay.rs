@@ -14,24 +14,6 @@ fn idle_relay() -> RelayOptions {
         .concurrency(1)
 }
 
-/// Runs `relay` until the returned sender is dropped or fired.
-fn spawn<O: OutboxStore>(
-    relay: Relay<O>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<justonce::Result<()>>,
-) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        relay
-            .run_until(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    (stop, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_commit_wakes_the_relay_and_the_row_reaches_the_queue() {
     let dir = tempfile::tempdir().unwrap();
@@ -44,7 +26,9 @@ async fn sqlite_a_commit_wakes_the_relay_and_the_row_reaches_the_queue() {
     )
     .await
     .unwrap();
-    let (stop, task) = spawn(Relay::new(outbox.clone(), queue.clone(), idle_relay()).unwrap());
+    let running = Relay::new(outbox.clone(), queue.clone(), idle_relay())
+        .unwrap()
+        .spawn();
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let mut tx = store.begin().await.unwrap();
@@ -57,8 +41,7 @@ async fn sqlite_a_commit_wakes_the_relay_and_the_row_reaches_the_queue() {
     let got = queue.receive(1, Duration::from_secs(10)).await.unwrap();
     assert_eq!(got.len(), 1, "woken, not polled");
     assert_eq!(got[0].message.id().unwrap().as_str(), "r-1");
-    stop.send(()).unwrap();
-    task.await.unwrap().unwrap();
+    running.stop().await.unwrap();
     // The relay marks after the publish, so the row may still be there when it arrives;
     // once the relay has stopped (its pass finished), it is gone.
     assert_eq!(outbox.outbox_stats().await.unwrap().pending, 0);
@@ -76,7 +59,7 @@ mod postgres {
         Source, Store,
     };
 
-    use super::{idle_relay, spawn};
+    use super::idle_relay;
 
     fn url() -> Option<String> {
         justonce_test::service_available("PostgreSQL", "127.0.0.1:5432").then(|| {
@@ -99,7 +82,9 @@ mod postgres {
         let queue = PgQueue::open(&url, &justonce_test::unique_name("receipts"))
             .await
             .unwrap();
-        let (stop, task) = spawn(Relay::new(outbox, queue.clone(), idle_relay()).unwrap());
+        let running = Relay::new(outbox, queue.clone(), idle_relay())
+            .unwrap()
+            .spawn();
         tokio::time::sleep(Duration::from_millis(300)).await;
 
         // Another pool, as another process would be.
@@ -120,8 +105,7 @@ mod postgres {
             "NOTIFY woke the relay within 10 s of an hour's poll"
         );
         queue.ack(&[&got[0].receipt]).await.unwrap();
-        stop.send(()).unwrap();
-        task.await.unwrap().unwrap();
+        running.stop().await.unwrap();
         sqlx::query(&format!("DROP TABLE {table}"))
             .execute(producer.pool())
             .await
@@ -185,7 +169,7 @@ mod postgres {
                 .owner(format!("relay-{r}"))
                 .batch(50)
                 .poll_interval(Duration::from_millis(200));
-            relays.push(spawn(Relay::new(own_outbox, own_queue, opts).unwrap()));
+            relays.push(Relay::new(own_outbox, own_queue, opts).unwrap().spawn());
         }
         let mut producers = tokio::task::JoinSet::new();
         for k in 0..KEYS {
@@ -233,9 +217,8 @@ mod postgres {
                 panic!("only {n} arrived in time; outbox: {stats:?}");
             }
         }
-        for (stop, task) in relays {
-            stop.send(()).unwrap();
-            task.await.unwrap().unwrap();
+        for running in relays {
+            running.stop().await.unwrap();
         }
         let rows: Vec<(String, i64)> =
             sqlx::query_as(&format!("SELECT okey, n FROM {arrivals} ORDER BY at"))
