@@ -9,6 +9,7 @@ mod doctor;
 mod lab;
 mod orders;
 mod outbox;
+mod produce;
 mod publish;
 mod serve;
 mod worker;
@@ -58,6 +59,10 @@ enum Command {
     /// Publish the demo's orders as a process of its own (used by the lab).
     #[command(hide = true)]
     Publish(publish::PublishArgs),
+    /// Place the demo's orders through a producer outbox as a process of its own (used by
+    /// the lab's `relay` class).
+    #[command(hide = true)]
+    Produce(produce::ProduceArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -98,6 +103,7 @@ fn main() -> std::process::ExitCode {
             Command::Lab(args) => lab::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Publish(args) => publish::run(args).await,
+            Command::Produce(args) => produce::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::BenchRun(args) => bench::run_child(args).await,
             Command::Dlq(args) => dlq::run(args).await,

@@ -58,7 +58,7 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `f` until it succeeds, pausing between attempts, for at most `give_up`.
-async fn retry<T, F, Fut>(give_up: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+pub(crate) async fn retry<T, F, Fut>(give_up: Duration, what: &str, mut f: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = justonce::Result<T>>,

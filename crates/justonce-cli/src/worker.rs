@@ -7,7 +7,6 @@
 //! batch to reach it), so a test or the lab can SIGKILL it exactly there. Without the
 //! variable nothing pauses.
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,8 +135,11 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
             .context("--ack-in-transaction needs a postgres:// transport and store")?;
         consumer = consumer.with_transactional_ack(acker);
     }
-    if let Some(hook) = PauseHook::from_env()? {
-        consumer = consumer.with_fault_hook(Arc::new(hook));
+    if let Some(at) = protocol::FaultPause::from_env()? {
+        consumer = consumer.with_fault_hook(Arc::new(PauseHook {
+            at,
+            reached: Default::default(),
+        }));
     }
     if let Some(addr) = args.metrics_addr {
         // The consumer registers its instruments at its first batch: after this.
@@ -190,39 +192,18 @@ struct PauseHook {
     reached: std::sync::atomic::AtomicU64,
 }
 
-impl PauseHook {
-    fn from_env() -> anyhow::Result<Option<Self>> {
-        let Ok(spec) = std::env::var(protocol::FAULT_PAUSE_ENV) else {
-            return Ok(None);
-        };
-        Ok(Some(PauseHook {
-            at: protocol::FaultPause::parse(&spec)?,
-            reached: Default::default(),
-        }))
-    }
-}
-
 #[async_trait]
 impl FaultHook for PauseHook {
     async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
+        let point = protocol::LabPoint::Consumer(point);
         if point == self.at.point && !batch.is_empty() {
             let n = self
                 .reached
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 + 1;
-            if self.at.only.is_some_and(|only| only != n) {
-                return false;
+            if self.at.hits(point, n) {
+                self.at.announce_and_wait(batch.len() as u64).await;
             }
-            {
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(
-                    err,
-                    "{}",
-                    protocol::at_fault_point(point, batch.len() as u64)
-                );
-                let _ = err.flush();
-            }
-            tokio::time::sleep(self.at.pause).await;
         }
         false
     }

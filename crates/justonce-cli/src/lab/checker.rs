@@ -24,6 +24,19 @@ pub(crate) struct Findings {
     pub(crate) schema: Option<(u64, u64, u64)>,
     /// With `--metrics-addr`: what the workers' metrics said, and what the data says.
     pub(crate) metrics: Option<Counted>,
+    /// With the relay class: what happened upstream of the broker.
+    pub(crate) relay: Option<Upstream>,
+}
+
+/// The relay class's findings: the kills it made, the duplicates the broker delivered
+/// (from the audit table) and what the outbox still holds.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Upstream {
+    pub(crate) relay_kills: u64,
+    pub(crate) producer_kills: u64,
+    pub(crate) broker_duplicates: u64,
+    /// Rows pending or dead in the outbox after the drain.
+    pub(crate) outbox_left: u64,
 }
 
 /// The workers' metrics beside the data they must agree with.
@@ -140,6 +153,20 @@ pub(crate) fn why(f: &Findings) -> Vec<String> {
     if f.backlog > 0 {
         why.push(format!("{} messages never drained", f.backlog));
     }
+    if let Some(u) = f.relay {
+        if u.relay_kills == 0 {
+            why.push("no relay was killed between its confirm and its mark".to_owned());
+        }
+        if u.producer_kills == 0 {
+            why.push("the producer was never killed after its commit".to_owned());
+        }
+        if u.relay_kills > 0 && u.broker_duplicates == 0 {
+            why.push("the broker delivered no duplicate: the run proves nothing".to_owned());
+        }
+        if u.outbox_left > 0 {
+            why.push(format!("{} rows left in the outbox", u.outbox_left));
+        }
+    }
     if let Some(c) = &f.metrics {
         why.extend(metrics_disagree(c));
     }
@@ -166,7 +193,13 @@ mod tests {
     #[test]
     fn a_clean_run_passes_and_each_finding_fails_it_with_its_sentence() {
         assert!(why(&passing()).is_empty());
-        let cases: [Case; 10] = [
+        let relayed = Upstream {
+            relay_kills: 2,
+            producer_kills: 1,
+            broker_duplicates: 40,
+            outbox_left: 0,
+        };
+        let cases: [Case; 14] = [
             (|f| f.lost = 2, "2 orders lost"),
             (|f| f.duplicate_effects = 1, "1 duplicate effects"),
             (|f| f.consistent = false, "balances do not add up"),
@@ -189,6 +222,48 @@ mod tests {
                 "no worker met the renamed table",
             ),
             (|f| f.schema = Some((1, 4, 2)), "2 workers exited"),
+            (
+                |f| {
+                    f.relay = Some(Upstream {
+                        relay_kills: 0,
+                        producer_kills: 1,
+                        ..Upstream::default()
+                    })
+                },
+                "no relay was killed",
+            ),
+            (
+                |f| {
+                    f.relay = Some(Upstream {
+                        relay_kills: 1,
+                        producer_kills: 0,
+                        broker_duplicates: 3,
+                        outbox_left: 0,
+                    })
+                },
+                "the producer was never killed",
+            ),
+            (
+                |f| {
+                    f.relay = Some(Upstream {
+                        relay_kills: 2,
+                        producer_kills: 1,
+                        ..Upstream::default()
+                    })
+                },
+                "the broker delivered no duplicate",
+            ),
+            (
+                |f| {
+                    f.relay = Some(Upstream {
+                        relay_kills: 2,
+                        producer_kills: 1,
+                        broker_duplicates: 9,
+                        outbox_left: 4,
+                    })
+                },
+                "4 rows left in the outbox",
+            ),
         ];
         for (change, want) in cases {
             let mut f = passing();
@@ -201,6 +276,12 @@ mod tests {
         assert!(
             why(&f).is_empty(),
             "a schema run that paused and came back passes"
+        );
+        let mut f = passing();
+        f.relay = Some(relayed);
+        assert!(
+            why(&f).is_empty(),
+            "a relay run with kills and broker duplicates passes"
         );
     }
 

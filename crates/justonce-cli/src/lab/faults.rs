@@ -108,6 +108,9 @@ impl FaultClass {
                 }
                 "db restart".into()
             }
+            // Its faults are the upstream's (kills at the relays' and the producer's fault
+            // points) and a broker restart, scheduled as such.
+            FaultClass::Relay => "relay".into(),
             FaultClass::Schema => {
                 let span = Duration::from_secs(4);
                 match schema.rename(false).await {

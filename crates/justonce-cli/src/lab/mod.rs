@@ -18,6 +18,7 @@ mod run;
 mod schedule;
 mod scrape;
 mod supervisor;
+mod upstream;
 
 use std::path::PathBuf;
 
@@ -50,10 +51,15 @@ pub(crate) enum FaultClass {
     /// The accounts table renamed away for 4 s, then back: a deploy whose migration has not
     /// run. Every worker must pause and resume by itself, dead-lettering nothing.
     Schema,
+    /// The orders placed through a producer outbox and published by two relay processes:
+    /// a relay killed between its confirm and its mark (a duplicate at the broker), the
+    /// producer killed right after a commit, the broker (RabbitMQ, or PostgreSQL as the
+    /// transport) restarted while the relays publish.
+    Relay,
 }
 
 impl FaultClass {
-    pub(crate) const ALL: [FaultClass; 8] = [
+    pub(crate) const ALL: [FaultClass; 9] = [
         FaultClass::Kill,
         FaultClass::Pause,
         FaultClass::Cut,
@@ -62,6 +68,7 @@ impl FaultClass {
         FaultClass::BrokerRestart,
         FaultClass::DbRestart,
         FaultClass::Schema,
+        FaultClass::Relay,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -74,6 +81,7 @@ impl FaultClass {
             FaultClass::BrokerRestart => "broker-restart",
             FaultClass::DbRestart => "db-restart",
             FaultClass::Schema => "schema",
+            FaultClass::Relay => "relay",
         }
     }
 
@@ -81,7 +89,7 @@ impl FaultClass {
     pub(crate) fn applies(self, transport: TransportKind, store: StoreKind) -> bool {
         let networked = transport != TransportKind::Sqlite || store != StoreKind::Sqlite;
         match self {
-            FaultClass::Kill | FaultClass::Pause => true,
+            FaultClass::Kill | FaultClass::Pause | FaultClass::Relay => true,
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
             FaultClass::BrokerRestart => transport == TransportKind::Amqp,
             FaultClass::DbRestart => {
@@ -165,6 +173,12 @@ pub(crate) struct LabReport {
     pub(crate) lost: u64,
     pub(crate) duplicate_effects: u64,
     pub(crate) dead_lettered: u64,
+    /// First deliveries of a message id beyond its first, from the audit table: the
+    /// duplicates the broker held (re-sends of a publisher or of a relay).
+    pub(crate) broker_duplicates: u64,
+    /// The relay class: outbox rows still pending or dead after the drain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) outbox_left: Option<u64>,
     pub(crate) drain_seconds: f64,
     pub(crate) msgs_per_sec: f64,
     /// Batches the workers handed back because the schema was wrong, as they logged them.
@@ -202,6 +216,10 @@ pub(crate) struct FaultCounts {
     /// Times the accounts table was renamed away (and back).
     pub(crate) schema_breaks: u64,
     pub(crate) duplicate_publishes: u64,
+    /// The relay class: relays killed between a confirm and its mark, the producer killed
+    /// after a commit.
+    pub(crate) relay_kills: u64,
+    pub(crate) producer_kills: u64,
 }
 
 /// The URL of a local service, if it answers.
@@ -301,7 +319,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
 /// One line of the matrix.
 fn line(r: &LabReport) -> String {
     format!(
-        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} | deliveries {:>6} redelivered {:>5} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
+        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} relay {}+{} | deliveries {:>6} redelivered {:>5} broker-dup {:>4} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
         r.verdict.to_uppercase(),
         r.scenario,
         r.transport,
@@ -313,8 +331,11 @@ fn line(r: &LabReport) -> String {
         r.faults.broker_restarts,
         r.faults.db_restarts,
         r.faults.schema_breaks,
+        r.faults.relay_kills,
+        r.faults.producer_kills,
         r.deliveries,
         r.redeliveries,
+        r.broker_duplicates,
         r.effects,
         r.lost,
         r.duplicate_effects,
@@ -338,8 +359,9 @@ fn table(reports: &[LabReport]) -> String {
         );
         let _ = writeln!(
             out,
-            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes\n",
-            f.kills, f.pauses, f.cuts, f.broker_restarts, f.db_restarts, f.duplicate_publishes
+            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes, {} relays and {} producers killed; the broker delivered {} duplicates\n",
+            f.kills, f.pauses, f.cuts, f.broker_restarts, f.db_restarts, f.duplicate_publishes,
+            f.relay_kills, f.producer_kills, r.broker_duplicates
         );
         let _ = writeln!(
             out,

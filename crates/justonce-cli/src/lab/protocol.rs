@@ -1,13 +1,15 @@
-//! What the lab and its worker processes say to each other, in one place: the environment
-//! variable that gives a worker its fault point, and the stderr lines the lab acts on.
+//! What the lab and its processes (workers, the producer, relays) say to each other, in one
+//! place: the environment variable that gives a process its fault point, and the stderr
+//! lines the lab acts on.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use justonce::FaultPoint;
 
-/// The environment variable that makes a worker pause at a fault point:
-/// `POINT:MS[:BATCH]`, POINT one of `after-ack`, `before-commit`, `after-commit`.
+/// The environment variable that makes a process pause at a fault point:
+/// `POINT:MS[:BATCH]`, POINT one of a worker's `after-ack`, `before-commit`, `after-commit`,
+/// a relay's `after-confirm` or the producer's `after-enqueue`.
 pub(crate) const FAULT_PAUSE_ENV: &str = "JUSTONCE_FAULT_PAUSE";
 
 /// A worker's line once it consumes; the lab starts its publisher after every worker's.
@@ -16,11 +18,32 @@ pub(crate) const READY: &str = "justonce-worker ready";
 /// The start of a worker's line at its fault point (`justonce-fault-point POINT batch=N`).
 pub(crate) const AT_FAULT_POINT: &str = "justonce-fault-point";
 
-/// What [`FAULT_PAUSE_ENV`] says: pause `pause` at `point`, of every batch or of the
-/// `only`-th one.
+/// A point where a process of the lab can be made to wait for its SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LabPoint {
+    /// A worker's, in its batch.
+    Consumer(FaultPoint),
+    /// A relay's: its pass's publishes confirmed, not yet marked sent.
+    AfterConfirm,
+    /// The producer's: a chunk of orders and their outbox rows committed.
+    AfterEnqueue,
+}
+
+impl LabPoint {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LabPoint::Consumer(p) => p.as_str(),
+            LabPoint::AfterConfirm => "after-confirm",
+            LabPoint::AfterEnqueue => "after-enqueue",
+        }
+    }
+}
+
+/// What [`FAULT_PAUSE_ENV`] says: pause `pause` at `point`, of every batch (pass, chunk) or
+/// of the `only`-th one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FaultPause {
-    pub(crate) point: FaultPoint,
+    pub(crate) point: LabPoint,
     pub(crate) pause: Duration,
     pub(crate) only: Option<u64>,
 }
@@ -38,7 +61,7 @@ impl FaultPause {
             .transpose()
             .with_context(|| format!("{FAULT_PAUSE_ENV}: BATCH must be a number"))?;
         let point = point_named(point).with_context(|| {
-            format!("unknown fault point `{point}`: use after-ack, before-commit or after-commit")
+            format!("unknown fault point `{point}`: use after-ack, before-commit, after-commit, after-confirm or after-enqueue")
         })?;
         let ms: u64 = ms
             .parse()
@@ -48,6 +71,30 @@ impl FaultPause {
             pause: Duration::from_millis(ms),
             only,
         })
+    }
+
+    /// Reads [`FAULT_PAUSE_ENV`]: none when it is not set.
+    pub(crate) fn from_env() -> anyhow::Result<Option<Self>> {
+        std::env::var(FAULT_PAUSE_ENV)
+            .ok()
+            .map(|spec| Self::parse(&spec))
+            .transpose()
+    }
+
+    /// Whether the `n`-th time at `point` (counting from 1) is one to pause at.
+    pub(crate) fn hits(&self, point: LabPoint, n: u64) -> bool {
+        point == self.point && self.only.is_none_or(|only| only == n)
+    }
+
+    /// Says so on stderr, then waits `pause` for the lab's SIGKILL.
+    pub(crate) async fn announce_and_wait(&self, batch: u64) {
+        {
+            use std::io::Write as _;
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{}", at_fault_point(self.point, batch));
+            let _ = err.flush();
+        }
+        tokio::time::sleep(self.pause).await;
     }
 
     /// The value of [`FAULT_PAUSE_ENV`] that [`FaultPause::parse`] reads back.
@@ -61,18 +108,20 @@ impl FaultPause {
 }
 
 /// The fault point of that name.
-fn point_named(name: &str) -> Option<FaultPoint> {
+fn point_named(name: &str) -> Option<LabPoint> {
     [
-        FaultPoint::AfterAck,
-        FaultPoint::BeforeCommit,
-        FaultPoint::AfterCommit,
+        LabPoint::Consumer(FaultPoint::AfterAck),
+        LabPoint::Consumer(FaultPoint::BeforeCommit),
+        LabPoint::Consumer(FaultPoint::AfterCommit),
+        LabPoint::AfterConfirm,
+        LabPoint::AfterEnqueue,
     ]
     .into_iter()
     .find(|p| p.as_str() == name)
 }
 
-/// The line a worker prints at its fault point.
-pub(crate) fn at_fault_point(point: FaultPoint, batch: u64) -> String {
+/// The line a process prints at its fault point.
+pub(crate) fn at_fault_point(point: LabPoint, batch: u64) -> String {
     format!("{AT_FAULT_POINT} {} batch={batch}", point.as_str())
 }
 
@@ -112,6 +161,8 @@ mod tests {
             "after-commit:600000:3",
             "before-commit:1000",
             "after-ack:0:1",
+            "after-confirm:600000:2",
+            "after-enqueue:600000:3",
         ] {
             assert_eq!(FaultPause::parse(spec).unwrap().to_env(), spec);
         }
@@ -128,7 +179,10 @@ mod tests {
     #[test]
     fn the_lab_reads_the_lines_the_worker_prints() {
         assert_eq!(
-            said(&at_fault_point(FaultPoint::AfterCommit, 3)),
+            said(&at_fault_point(
+                LabPoint::Consumer(FaultPoint::AfterCommit),
+                3
+            )),
             Said::AtFaultPoint
         );
         assert_eq!(said(READY), Said::Ready);

@@ -1,7 +1,6 @@
 //! One lab scenario: processes, the fault schedule, the drain, and the checker.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,15 +8,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::{FaultPoint, Semantics};
-use tokio::process::Command;
+use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
 
 use super::faults::{proxied, SchemaFault};
 use super::plot::Samples;
+use super::protocol::LabPoint;
 use super::proxy::FaultProxy;
 use super::scrape::Scraped;
 use super::supervisor::{tails, wait_ready, Mark, Worker, WorkerSpec};
+use super::upstream::{Upstream, UpstreamSpec};
 use super::{checker, schedule, FaultClass, FaultCounts, Kept, LabArgs, LabReport};
 use crate::bus::{Bus, Topology};
 use crate::demo::plan::Plan;
@@ -124,6 +124,8 @@ impl Scenario {
             lost: 0,
             duplicate_effects: 0,
             dead_lettered: 0,
+            broker_duplicates: 0,
+            outbox_left: None,
             drain_seconds: 0.0,
             msgs_per_sec: 0.0,
             schema_pauses: 0,
@@ -133,6 +135,24 @@ impl Scenario {
             verdict: "fail",
             why,
         }
+    }
+
+    /// The faults fired at milestones: the relay class's is a restart of the transport's
+    /// server while the relays publish (none on the embedded SQLite queue).
+    fn milestone_faults(&self) -> Vec<FaultClass> {
+        let mut out = Vec::new();
+        for f in &self.faults {
+            let f = match (f, self.t_kind) {
+                (FaultClass::Relay, TransportKind::Amqp) => FaultClass::BrokerRestart,
+                (FaultClass::Relay, TransportKind::Postgres) => FaultClass::DbRestart,
+                (FaultClass::Relay, _) => continue,
+                (f, _) => *f,
+            };
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
     }
 
     pub(crate) async fn run(
@@ -179,7 +199,7 @@ impl Scenario {
         let point_kills = schedule::points(&kill_plan);
         // Milestones (fractions of the orders delivered) for everything but point kills: a
         // scheduled `Kill` is a kill at a random moment.
-        let mut schedule = schedule::milestones(&kill_plan, &self.faults, &mut rng);
+        let mut schedule = schedule::milestones(&kill_plan, &self.milestone_faults(), &mut rng);
 
         let spec = WorkerSpec {
             exe: exe.to_owned(),
@@ -208,29 +228,31 @@ impl Scenario {
             let n = rng.u32(1..=3);
             workers.push(spec.spawn(slot, 0, kill.map(|p| (p, n)), marks_tx.clone())?);
         }
-        // The publisher starts once every worker is consuming, so that the first worker's
-        // kill point is reached however fast the queue drains.
+        // The publisher (or the producer and its relays) starts once every worker is
+        // consuming, so that the first worker's kill point is reached however fast the
+        // queue drains.
         wait_ready(&mut marks_rx, &workers).await?;
-        let mut publisher = Command::new(exe)
-            .args([
-                "publish",
-                "--transport",
-                &worker_transport,
-                "--queue",
-                &queue,
-            ])
-            .args([
-                "--messages",
-                &self.messages.to_string(),
-                "--seed",
-                &self.seed.to_string(),
-            ])
-            .args(self.topology.to_args())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start the publisher process")?;
+        let relayed = self.faults.contains(&FaultClass::Relay);
+        let upstream_spec = UpstreamSpec {
+            exe,
+            transport: &worker_transport,
+            store: &spec.store,
+            queue: &queue,
+            tables: &spec.tables,
+            messages: self.messages,
+            seed: self.seed,
+            topology: self.topology.to_args(),
+        };
+        let outbox = if relayed {
+            Some(store.outbox(&tables).await?)
+        } else {
+            None
+        };
+        let mut upstream = if relayed {
+            Upstream::relayed(&upstream_spec, self.kills, &mut rng)?
+        } else {
+            Upstream::publisher(&upstream_spec)?
+        };
 
         let bar = if progress {
             let bar = ProgressBar::new(self.messages);
@@ -247,13 +269,17 @@ impl Scenario {
 
         let started = Instant::now();
         let mut counts = FaultCounts {
-            duplicate_publishes: plan.planned().duplicate_publishes,
+            // The producer places every order once; the broker's duplicates are the relays'.
+            duplicate_publishes: if relayed {
+                0
+            } else {
+                plan.planned().duplicate_publishes
+            },
             ..FaultCounts::default()
         };
         let busy = Arc::new(AtomicUsize::new(0));
         let mut samples = Samples::default();
         let mut last_fault = started;
-        let mut publisher_done = false;
         let mut quiet = 0;
         let mut last_seen = (u64::MAX, u64::MAX, Instant::now());
         let mut generation = 0u64;
@@ -273,7 +299,7 @@ impl Scenario {
                 }
                 workers[slot].kill().await;
                 counts.kills += 1;
-                let at = workers[slot].kill_point.map_or("?", FaultPoint::as_str);
+                let at = workers[slot].kill_point.map_or("?", |p| p.as_str());
                 samples.mark(started.elapsed(), format!("kill {at}"));
                 last_fault = Instant::now();
                 generation += 1;
@@ -289,23 +315,27 @@ impl Scenario {
                         s.unscraped += 1;
                     }
                     generation += 1;
-                    let kill = worker.kill_point.map(|p| (p, rng.u32(1..=3)));
+                    let kill = worker.kill_point.and_then(|p| match p {
+                        LabPoint::Consumer(p) => Some((p, rng.u32(1..=3))),
+                        _ => None,
+                    });
                     *worker = spec.spawn(slot, generation, kill, marks_tx.clone())?;
                 }
             }
-            if !publisher_done {
-                if let Ok(Some(status)) = publisher.try_wait() {
-                    if !status.success() {
-                        bail!("the publisher process failed ({status})");
-                    }
-                    publisher_done = true;
-                }
+            for label in upstream.tend(&mut rng, &mut counts).await? {
+                samples.mark(started.elapsed(), label);
+                last_fault = Instant::now();
             }
 
-            let (Ok(deliveries), Ok(effects), Ok(backlog)) = (
+            let outboxed = match &outbox {
+                Some(o) => o.outbox_stats().await.map(|s| s.pending),
+                None => Ok(0),
+            };
+            let (Ok(deliveries), Ok(effects), Ok(queued), Ok(outboxed)) = (
                 store.delivery_counts(&tables).await.map(|d| d.0),
                 store.ledger_rows(&tables).await,
                 sink.pending().await,
+                outboxed,
             ) else {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
@@ -342,7 +372,8 @@ impl Scenario {
                 }
             }
 
-            let settled = publisher_done
+            let backlog = queued + outboxed;
+            let settled = upstream.done()
                 && backlog == 0
                 && busy.load(Ordering::SeqCst) == 0
                 && schedule.is_empty();
@@ -351,8 +382,9 @@ impl Scenario {
             } else if last_seen.2.elapsed() > Duration::from_secs(120) {
                 let tails = tails(&workers);
                 bail!(
-                    "no progress for 120 s: {backlog} messages waiting on the transport; the workers said:\n{}",
-                    tails.join("\n")
+                    "no progress for 120 s: {queued} messages waiting on the transport, {outboxed} in the outbox; the workers said:\n{}\nand upstream:\n{}",
+                    tails.join("\n"),
+                    upstream.tails().join("\n")
                 );
             }
             quiet = if settled && last_seen.2.elapsed() > QUIET {
@@ -385,12 +417,20 @@ impl Scenario {
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
         bar.finish_and_clear();
-        let _ = publisher.start_kill();
+        upstream.stop().await;
 
         // The checker: everything from the business data and the transport.
         let effects = store.effects(&tables).await?;
         let (lost, duplicate_effects) = effects.check(plan.well_formed());
         let (deliveries, redeliveries) = store.delivery_counts(&tables).await?;
+        let broker_duplicates = store.broker_duplicates(&tables).await?;
+        let outbox_left = match &outbox {
+            Some(o) => {
+                let s = o.outbox_stats().await?;
+                Some(s.pending + s.dead)
+            }
+            None => None,
+        };
         let letters = sink.dead_letters().await?;
         let dead_lettered = crate::bus::distinct(&letters);
         let backlog = sink.pending().await?;
@@ -414,6 +454,12 @@ impl Scenario {
                 schema_pauses,
                 worker_exits,
             )),
+            relay: outbox_left.map(|left| checker::Upstream {
+                relay_kills: counts.relay_kills,
+                producer_kills: counts.producer_kills,
+                broker_duplicates,
+                outbox_left: left,
+            }),
             metrics: scraped.clone().map(|s| checker::Counted {
                 scraped: s,
                 effects: effects.total,
@@ -433,6 +479,8 @@ impl Scenario {
             lost,
             duplicate_effects,
             dead_lettered,
+            broker_duplicates,
+            outbox_left,
             drain_seconds: drained_at.duration_since(last_fault).as_secs_f64(),
             msgs_per_sec: self.messages as f64 / elapsed.max(1e-9),
             schema_pauses,

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use super::protocol::{said, FaultPause, Said, FAULT_PAUSE_ENV};
+use super::protocol::{said, FaultPause, LabPoint, Said, FAULT_PAUSE_ENV};
 
 /// Deliveries per worker batch: small, so that the workers' transactions, which pay into the
 /// same 100 accounts, deadlock each other less often.
@@ -112,10 +112,35 @@ impl WorkerSpec {
                 "0".into(),
             ]
         }))
-        .args(&self.topology)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .args(&self.topology);
+        Worker::start(
+            cmd,
+            "a worker",
+            slot,
+            generation,
+            kill.map(|(p, n)| (LabPoint::Consumer(p), n)),
+            marks,
+            self.schema_pauses.clone(),
+        )
+    }
+}
+
+impl Worker {
+    /// Starts `cmd` (a worker, the producer, a relay) in `slot`; with `kill`, it stops at
+    /// that point the n-th time there and says so on stderr, where a reader task passes it
+    /// on as `(slot, generation)`.
+    pub(crate) fn start(
+        mut cmd: Command,
+        what: &str,
+        slot: usize,
+        generation: u64,
+        kill: Option<(LabPoint, u32)>,
+        marks: mpsc::UnboundedSender<Mark>,
+        schema_pauses: Arc<std::sync::atomic::AtomicU64>,
+    ) -> anyhow::Result<Worker> {
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         match kill {
             Some((point, n)) => {
                 let pause = FaultPause {
@@ -127,13 +152,14 @@ impl WorkerSpec {
             }
             None => cmd.env_remove(FAULT_PAUSE_ENV),
         };
-        let mut child = cmd.spawn().context("cannot start a worker process")?;
-        let stderr = child.stderr.take().context("worker stderr")?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {what} process"))?;
+        let stderr = child.stderr.take().context("the child's stderr")?;
         let tail = Arc::new(Mutex::new(Vec::<String>::new()));
         let tail2 = tail.clone();
         let metrics = Arc::new(Mutex::new(None));
         let metrics2 = metrics.clone();
-        let schema_pauses = self.schema_pauses.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -186,19 +212,19 @@ pub(crate) enum Mark {
     FaultPoint(usize, u64),
 }
 
-/// A running worker process.
+/// A running process of the lab: a worker, the producer or a relay.
 pub(crate) struct Worker {
     pub(crate) child: Child,
     pub(crate) generation: u64,
-    pub(crate) kill_point: Option<FaultPoint>,
+    pub(crate) kill_point: Option<LabPoint>,
     tail: Arc<Mutex<Vec<String>>>,
     /// Where it serves its metrics, once it has said so.
     metrics: Arc<Mutex<Option<std::net::SocketAddr>>>,
 }
 
 impl Worker {
-    /// The last lines the worker wrote on stderr.
-    fn tail(&self) -> String {
+    /// The last lines the process wrote on stderr.
+    pub(crate) fn tail(&self) -> String {
         let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         format!(
             "  [{}]\n    {}",

@@ -74,6 +74,13 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn ledger_high(&self, t: &Tables) -> Result<u64>;
     /// Deliveries recorded, and how many of them were redeliveries.
     async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)>;
+    /// Duplicates at the broker, from the audit table: first deliveries (not marked
+    /// redelivered) of a message id beyond its first. A lower bound: a worker killed before
+    /// it wrote its audit rows leaves some out.
+    async fn broker_duplicates(&self, t: &Tables) -> Result<u64>;
+    /// The lab's producer: records the order as placed, in the producer's transaction.
+    /// False when it was placed already (a producer started again after a crash).
+    async fn place(tx: &mut Self::Tx, t: &Tables, order_id: &str) -> Result<bool>;
 
     /// A transaction straight from the sqlx pool, as code without justonce would open it
     /// (the bench's bare baseline).
@@ -133,6 +140,7 @@ macro_rules! bank {
                         t.ledger, $serial
                     ),
                     format!("CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY)", t.order_ids),
+                    format!("CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY)", t.placed),
                     format!(
                         "CREATE TABLE IF NOT EXISTS {} (seq {}, message_id VARCHAR(255),
                              redelivered BIGINT NOT NULL)",
@@ -273,6 +281,27 @@ macro_rules! bank {
                 .fetch_one(self.pool())
                 .await?;
                 Ok((all as u64, again as u64))
+            }
+
+            async fn broker_duplicates(&self, t: &Tables) -> Result<u64> {
+                let n: i64 = sqlx::query_scalar(&format!(
+                    // COUNT is BIGINT on every dialect (MariaDB's SUM is DECIMAL).
+                    "SELECT COUNT(message_id) - COUNT(DISTINCT message_id) FROM {}
+                     WHERE redelivered = 0",
+                    t.deliveries
+                ))
+                .fetch_one(self.pool())
+                .await?;
+                Ok(n as u64)
+            }
+
+            async fn place(tx: &mut $tx, t: &Tables, order_id: &str) -> Result<bool> {
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "{} {} (order_id) VALUES (",
+                    $ins, t.placed
+                ));
+                q.push_bind(order_id).push(concat!(") ", $conflict));
+                Ok(q.build().execute(&mut **tx).await?.rows_affected() == 1)
             }
 
             async fn begin_direct(&self) -> Result<$tx> {

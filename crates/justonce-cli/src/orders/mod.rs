@@ -93,6 +93,8 @@ pub(crate) struct Tables {
     pub(crate) receipts: String,
     pub(crate) outbox: String,
     pub(crate) outbox_locks: String,
+    /// The lab's producer's orders placed (its business table beside the outbox).
+    pub(crate) placed: String,
 }
 
 impl Tables {
@@ -111,6 +113,7 @@ impl Tables {
             receipts: format!("{prefix}_receipts"),
             outbox: format!("{prefix}_outbox"),
             outbox_locks: format!("{prefix}_outbox_locks"),
+            placed: format!("{prefix}_placed"),
         };
         for name in t.all() {
             justonce::validate_identifier(name)?;
@@ -118,8 +121,9 @@ impl Tables {
         Ok(t)
     }
 
-    pub(crate) fn all(&self) -> [&String; 10] {
+    pub(crate) fn all(&self) -> [&String; 11] {
         [
+            &self.placed,
             &self.receipts,
             &self.outbox,
             &self.outbox_locks,

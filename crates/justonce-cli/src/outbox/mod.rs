@@ -4,14 +4,17 @@
 
 mod bench;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use justonce::backend::StoreKind;
-use justonce::relay::{Relay, RelayOptions};
+use justonce::relay::{Relay, RelayFaultHook, RelayFaultPoint, RelayOptions};
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::{InspectOutbox, OutboxStore};
+use justonce::{InspectOutbox, OutboxRow, OutboxStore};
 use serde_json::json;
+
+use crate::lab::protocol::{FaultPause, LabPoint};
 
 /// Arguments of `justonce outbox`.
 #[derive(Debug, clap::Args)]
@@ -104,6 +107,10 @@ struct RelayArgs {
     /// Refused publishes of one row before it is dead.
     #[arg(long, default_value_t = 10)]
     max_attempts: u32,
+    /// How often to look for rows when nothing woke the relay (PostgreSQL's `NOTIFY`, or an
+    /// enqueue in this process), in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
     /// Exit 0 once the outbox holds nothing to send.
     #[arg(long)]
     exit_when_drained: bool,
@@ -226,6 +233,26 @@ async fn status(at: &At, limit: usize, as_json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lab's fault point in a relay process: it waits at `after-confirm` of its n-th pass
+/// (its publishes confirmed, not yet marked) for the lab's SIGKILL.
+struct PauseAt {
+    at: FaultPause,
+    passes: AtomicU64,
+}
+
+#[justonce::async_trait]
+impl RelayFaultHook for PauseAt {
+    async fn crash_at(&self, point: RelayFaultPoint, rows: &[OutboxRow]) -> bool {
+        if point == RelayFaultPoint::AfterConfirm && !rows.is_empty() {
+            let n = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.at.hits(LabPoint::AfterConfirm, n) {
+                self.at.announce_and_wait(rows.len() as u64).await;
+            }
+        }
+        false
+    }
+}
+
 async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_addr {
         crate::serve::serve(addr, Arc::new(|| Ok(()))).await?;
@@ -238,8 +265,15 @@ async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()
         .lease(lease)
         .publish_timeout(lease / 3)
         .max_attempts(args.max_attempts)
+        .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
         .name(args.at.table.clone());
-    let relay = Relay::new(outbox, bus.publisher(), opts)?;
+    let mut relay = Relay::new(outbox, bus.publisher(), opts)?;
+    if let Some(at) = FaultPause::from_env()? {
+        relay = relay.with_fault_hook(Arc::new(PauseAt {
+            at,
+            passes: Default::default(),
+        }));
+    }
     if args.exit_when_drained {
         loop {
             let r = relay.relay_once().await?;

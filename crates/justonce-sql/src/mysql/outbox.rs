@@ -46,14 +46,26 @@ impl MySqlStore {
             ))
             .execute(self.pool())
             .await?;
-            sqlx::raw_sql(&format!(
-                "CREATE TABLE IF NOT EXISTS {t}_locks (id INT NOT NULL PRIMARY KEY) ENGINE=InnoDB;
-                 INSERT IGNORE INTO {t}_locks (id)
-                     WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {KEY_SLOTS})
-                     SELECT i FROM n;"
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS {t}_locks (id INT NOT NULL PRIMARY KEY) ENGINE=InnoDB"
             ))
             .execute(self.pool())
             .await?;
+            // The slots once, by the first to open the outbox: an insert beside running
+            // producers waits for the slots they lock, and can deadlock with them (the lab's
+            // relays, started while its producer ran, exited on that).
+            let slots: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {t}_locks"))
+                .fetch_one(self.pool())
+                .await?;
+            if slots <= KEY_SLOTS as i64 {
+                sqlx::query(&format!(
+                    "INSERT IGNORE INTO {t}_locks (id)
+                     WITH RECURSIVE n (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {KEY_SLOTS})
+                     SELECT i FROM n"
+                ))
+                .execute(self.pool())
+                .await?;
+            }
         }
         Ok(SqlOutbox::new(
             self.pool().clone(),

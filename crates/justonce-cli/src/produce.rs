@@ -1,0 +1,92 @@
+//! `justonce produce`: the demo's orders placed by a service of its own through a producer
+//! outbox, for the lab's `relay` class. Each chunk of orders is one business transaction:
+//! the orders recorded as placed and their messages written to the outbox, or neither. A
+//! producer started again after a crash skips the orders it placed, so it never writes an
+//! order's message twice; what it committed before dying is the relays' to send.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use justonce::backend::StoreKind;
+use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::OutboxStore;
+
+use crate::demo::plan::{IdStrategy, Plan};
+use crate::lab::protocol::{FaultPause, LabPoint};
+use crate::orders::{Bank, Tables};
+use crate::publish::retry;
+
+/// Orders per business transaction.
+const CHUNK: usize = 50;
+/// Ordering keys the orders are spread over (customers, say).
+const KEYS: usize = 16;
+
+/// Arguments of `justonce produce`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ProduceArgs {
+    /// Store URL: the business database, where the outbox table is.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// Prefix of the tables (`{prefix}_placed`, `{prefix}_outbox`, …), made by the lab.
+    #[arg(long)]
+    tables: String,
+    /// Orders to place.
+    #[arg(long)]
+    messages: u64,
+    /// Seed of the plan (which orders are poison).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The consumer's payload limit, for the oversized poison.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_payload_bytes: usize,
+    /// Pause between transactions, in milliseconds (a service placing orders as they come).
+    #[arg(long, default_value_t = 0)]
+    pace_ms: u64,
+    /// Give up when a transaction has failed for this long.
+    #[arg(long, default_value_t = 120)]
+    give_up_after_s: u64,
+}
+
+pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
+    match StoreKind::from_url(&args.store)? {
+        StoreKind::Sqlite => run_on::<SqliteStore>(args).await,
+        StoreKind::Postgres => run_on::<PgStore>(args).await,
+        StoreKind::MySql => run_on::<MySqlStore>(args).await,
+    }
+}
+
+async fn run_on<B: Bank>(args: ProduceArgs) -> anyhow::Result<()> {
+    let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
+    let tables = Tables::new(&args.tables)?;
+    let give_up = Duration::from_secs(args.give_up_after_s);
+    let store = retry(give_up, "connect", || B::open(&args.store, &tables)).await?;
+    let outbox = retry(give_up, "open the outbox", || store.outbox(&tables)).await?;
+    let pause = FaultPause::from_env()?;
+    let keyed: Vec<_> = plan.orders.iter().enumerate().collect();
+    for (n, chunk) in keyed.chunks(CHUNK).enumerate() {
+        let placed = retry(give_up, "place orders", || async {
+            let mut tx = store.begin().await?;
+            let mut placed = 0u64;
+            for (i, order) in chunk {
+                if B::place(&mut tx, &tables, &order.order_id).await? {
+                    let message = plan.message(order, IdStrategy::MessageId);
+                    let key = format!("customer-{}", i % KEYS);
+                    outbox.enqueue(&mut tx, &message, Some(&key)).await?;
+                    placed += 1;
+                }
+            }
+            store.commit(tx).await?;
+            Ok(placed)
+        })
+        .await
+        .context("the producer could not place its orders")?;
+        tracing::debug!(chunk = n, placed, "orders placed");
+        if let Some(p) = &pause {
+            if p.hits(LabPoint::AfterEnqueue, n as u64 + 1) {
+                p.announce_and_wait(placed).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(args.pace_ms)).await;
+    }
+    Ok(())
+}
