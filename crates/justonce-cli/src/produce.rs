@@ -11,10 +11,10 @@ use justonce::backend::StoreKind;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::OutboxStore;
 
-use crate::demo::plan::{IdStrategy, Plan};
+use crate::demo::plan::IdStrategy;
 use crate::lab::protocol::{FaultPause, LabPoint};
 use crate::orders::{Bank, Tables};
-use crate::publish::retry;
+use crate::publish::{retry, PlanArgs};
 
 /// Orders per business transaction.
 const CHUNK: usize = 50;
@@ -30,21 +30,11 @@ pub(crate) struct ProduceArgs {
     /// Prefix of the tables (`{prefix}_placed`, `{prefix}_outbox`, …), made by the lab.
     #[arg(long)]
     tables: String,
-    /// Orders to place.
-    #[arg(long)]
-    messages: u64,
-    /// Seed of the plan (which orders are poison).
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// The consumer's payload limit, for the oversized poison.
-    #[arg(long, default_value_t = 16 * 1024)]
-    max_payload_bytes: usize,
     /// Pause between transactions, in milliseconds (a service placing orders as they come).
     #[arg(long, default_value_t = 0)]
     pace_ms: u64,
-    /// Give up when a transaction has failed for this long.
-    #[arg(long, default_value_t = 120)]
-    give_up_after_s: u64,
+    #[command(flatten)]
+    plan: PlanArgs,
 }
 
 pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
@@ -56,9 +46,8 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
 }
 
 async fn run_on<B: Bank>(args: ProduceArgs) -> anyhow::Result<()> {
-    let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
+    let (plan, give_up) = args.plan.plan();
     let tables = Tables::new(&args.tables)?;
-    let give_up = Duration::from_secs(args.give_up_after_s);
     let store = retry(give_up, "connect", || B::open(&args.store, &tables)).await?;
     let outbox = retry(give_up, "open the outbox", || store.outbox(&tables)).await?;
     let pause = FaultPause::from_env()?;

@@ -19,7 +19,16 @@ pub(crate) struct PublishArgs {
     /// Queue name.
     #[arg(long)]
     queue: String,
-    /// Orders to publish.
+    #[command(flatten)]
+    plan: PlanArgs,
+    #[command(flatten)]
+    topology: crate::bus::Topology,
+}
+
+/// The plan a publisher or a producer sends, and how long it keeps trying.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PlanArgs {
+    /// Orders to send.
     #[arg(long)]
     messages: u64,
     /// Seed of the plan (which orders are poison or published twice).
@@ -28,16 +37,23 @@ pub(crate) struct PublishArgs {
     /// The consumer's payload limit, for the oversized poison.
     #[arg(long, default_value_t = 16 * 1024)]
     max_payload_bytes: usize,
-    /// Give up when a publish has failed for this long.
+    /// Give up when a publish (a transaction) has failed for this long.
     #[arg(long, default_value_t = 120)]
     give_up_after_s: u64,
-    #[command(flatten)]
-    topology: crate::bus::Topology,
+}
+
+impl PlanArgs {
+    /// The plan, and how long to keep trying.
+    pub(crate) fn plan(&self) -> (Plan, Duration) {
+        (
+            Plan::new(self.messages, self.seed, self.max_payload_bytes),
+            Duration::from_secs(self.give_up_after_s),
+        )
+    }
 }
 
 pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
-    let plan = Plan::new(args.messages, args.seed, args.max_payload_bytes);
-    let give_up = Duration::from_secs(args.give_up_after_s);
+    let (plan, give_up) = args.plan.plan();
     let sink = retry(give_up, "connect", || {
         Bus::open_publisher(&args.transport, &args.queue, &args.topology)
     })
