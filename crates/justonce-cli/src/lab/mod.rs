@@ -121,7 +121,8 @@ pub(crate) struct LabArgs {
     /// Seed of the plan and the fault schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Fault classes to inject, comma-separated (default: every one that applies).
+    /// Fault classes to inject, comma-separated (default: every one that applies but
+    /// `relay`, which swaps the publisher for a producer outbox and runs when named).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultClass>,
     /// Workers SIGKILLed at fault points, at least.

@@ -116,3 +116,17 @@ fn the_lab_on_a_postgres_queue_survives_cuts_and_pauses_longer_than_the_lease() 
     assert_eq!(r["transport"], "postgres");
     assert_eq!(n(&r, "lost") + n(&r, "duplicate_effects"), 0, "{r}");
 }
+
+#[test]
+fn the_relay_class_makes_broker_duplicates_and_no_duplicate_effect() {
+    let (r, ok) = lab(&["--faults", "relay", "--messages", "1500"]);
+    assert!(ok, "{r}");
+    assert_eq!(r["scenario"], "relay", "{r}");
+    assert!(n(&r["faults"], "relay_kills") >= 1, "{r}");
+    assert_eq!(n(&r["faults"], "producer_kills"), 1, "{r}");
+    // The relays' re-sends reached the consumer as first deliveries, and changed nothing.
+    assert!(n(&r, "broker_duplicates") > 0, "{r}");
+    assert_eq!(n(&r, "duplicate_effects"), 0, "{r}");
+    assert_eq!(n(&r, "lost"), 0, "{r}");
+    assert_eq!(n(&r, "outbox_left"), 0, "{r}");
+}
