@@ -12,7 +12,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::OutboxStore;
 
 use crate::demo::plan::IdStrategy;
-use crate::lab::protocol::{FaultPause, LabPoint};
+use crate::lab::protocol::{LabPoint, Pauser};
 use crate::orders::{Bank, Tables};
 use crate::publish::{retry, PlanArgs};
 
@@ -50,7 +50,7 @@ async fn run_on<B: Bank>(args: ProduceArgs) -> anyhow::Result<()> {
     let tables = Tables::new(&args.tables)?;
     let store = retry(give_up, "connect", || B::open(&args.store, &tables)).await?;
     let outbox = retry(give_up, "open the outbox", || store.outbox(&tables)).await?;
-    let pause = FaultPause::from_env()?;
+    let pause = Pauser::from_env()?;
     let keyed: Vec<_> = plan.orders.iter().enumerate().collect();
     for (n, chunk) in keyed.chunks(CHUNK).enumerate() {
         let placed = retry(give_up, "place orders", || async {
@@ -71,9 +71,7 @@ async fn run_on<B: Bank>(args: ProduceArgs) -> anyhow::Result<()> {
         .context("the producer could not place its orders")?;
         tracing::debug!(chunk = n, placed, "orders placed");
         if let Some(p) = &pause {
-            if p.hits(LabPoint::AfterEnqueue, n as u64 + 1) {
-                p.announce_and_wait(placed).await;
-            }
+            p.at(LabPoint::AfterEnqueue, placed).await;
         }
         tokio::time::sleep(Duration::from_millis(args.pace_ms)).await;
     }

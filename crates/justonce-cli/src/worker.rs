@@ -135,11 +135,8 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
             .context("--ack-in-transaction needs a postgres:// transport and store")?;
         consumer = consumer.with_transactional_ack(acker);
     }
-    if let Some(at) = protocol::FaultPause::from_env()? {
-        consumer = consumer.with_fault_hook(Arc::new(PauseHook {
-            at,
-            reached: Default::default(),
-        }));
+    if let Some(pauser) = protocol::Pauser::from_env()? {
+        consumer = consumer.with_fault_hook(Arc::new(PauseHook(pauser)));
     }
     if let Some(addr) = args.metrics_addr {
         // The consumer registers its instruments at its first batch: after this.
@@ -187,24 +184,13 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
 }
 
 /// Pauses at one fault point of every batch (or of one batch), announcing it on stderr.
-struct PauseHook {
-    at: protocol::FaultPause,
-    reached: std::sync::atomic::AtomicU64,
-}
+struct PauseHook(protocol::Pauser);
 
 #[async_trait]
 impl FaultHook for PauseHook {
     async fn crash_at(&self, point: FaultPoint, batch: &[&Delivery]) -> bool {
         let point = protocol::LabPoint::Consumer(point);
-        if point == self.at.point && !batch.is_empty() {
-            let n = self
-                .reached
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1;
-            if self.at.hits(point, n) {
-                self.at.announce_and_wait(batch.len() as u64).await;
-            }
-        }
+        self.0.at(point, batch.len() as u64).await;
         false
     }
 }

@@ -2,6 +2,7 @@
 //! place: the environment variable that gives a process its fault point, and the stderr
 //! lines the lab acts on.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -73,30 +74,6 @@ impl FaultPause {
         })
     }
 
-    /// Reads [`FAULT_PAUSE_ENV`]: none when it is not set.
-    pub(crate) fn from_env() -> anyhow::Result<Option<Self>> {
-        std::env::var(FAULT_PAUSE_ENV)
-            .ok()
-            .map(|spec| Self::parse(&spec))
-            .transpose()
-    }
-
-    /// Whether the `n`-th time at `point` (counting from 1) is one to pause at.
-    pub(crate) fn hits(&self, point: LabPoint, n: u64) -> bool {
-        point == self.point && self.only.is_none_or(|only| only == n)
-    }
-
-    /// Says so on stderr, then waits `pause` for the lab's SIGKILL.
-    pub(crate) async fn announce_and_wait(&self, batch: u64) {
-        {
-            use std::io::Write as _;
-            let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "{}", at_fault_point(self.point, batch));
-            let _ = err.flush();
-        }
-        tokio::time::sleep(self.pause).await;
-    }
-
     /// The value of [`FAULT_PAUSE_ENV`] that [`FaultPause::parse`] reads back.
     pub(crate) fn to_env(self) -> String {
         let mut s = format!("{}:{}", self.point.as_str(), self.pause.as_millis());
@@ -104,6 +81,47 @@ impl FaultPause {
             s.push_str(&format!(":{n}"));
         }
         s
+    }
+}
+
+/// A process's side of [`FAULT_PAUSE_ENV`]: it counts the times it passes the point (with
+/// work in hand) and, at the one asked for, says so on stderr and waits for the lab's
+/// SIGKILL. The workers', the relays' and the producer's hooks all call it.
+#[derive(Debug)]
+pub(crate) struct Pauser {
+    at: FaultPause,
+    reached: AtomicU64,
+}
+
+impl Pauser {
+    /// From [`FAULT_PAUSE_ENV`]: none when it is not set.
+    pub(crate) fn from_env() -> anyhow::Result<Option<Self>> {
+        let Ok(spec) = std::env::var(FAULT_PAUSE_ENV) else {
+            return Ok(None);
+        };
+        Ok(Some(Pauser {
+            at: FaultPause::parse(&spec)?,
+            reached: AtomicU64::new(0),
+        }))
+    }
+
+    /// The process is at `point` with `work` items (a batch, a pass's rows, a chunk's
+    /// orders); passes without work are not counted.
+    pub(crate) async fn at(&self, point: LabPoint, work: u64) {
+        if point != self.at.point || work == 0 {
+            return;
+        }
+        let n = self.reached.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.at.only.is_some_and(|only| only != n) {
+            return;
+        }
+        {
+            use std::io::Write as _;
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{}", at_fault_point(point, work));
+            let _ = err.flush();
+        }
+        tokio::time::sleep(self.at.pause).await;
     }
 }
 

@@ -234,7 +234,6 @@ impl Scenario {
         // consuming, so that the first worker's kill point is reached however fast the
         // queue drains.
         wait_ready(&mut marks_rx, &workers).await?;
-        let relayed = self.faults.contains(&FaultClass::Relay);
         let upstream_spec = UpstreamSpec {
             exe,
             transport: &worker_transport,
@@ -245,15 +244,15 @@ impl Scenario {
             seed: self.seed,
             topology: self.topology.to_args(),
         };
-        let outbox = if relayed {
+        // The relay class's outbox, as the checker reads it.
+        let outbox = if self.faults.contains(&FaultClass::Relay) {
             Some(store.outbox(&tables).await?)
         } else {
             None
         };
-        let mut upstream = if relayed {
-            Upstream::relayed(&upstream_spec, self.kills, &mut rng)?
-        } else {
-            Upstream::publisher(&upstream_spec)?
+        let mut upstream = match outbox {
+            Some(_) => Upstream::relayed(&upstream_spec, self.kills, &mut rng)?,
+            None => Upstream::publisher(&upstream_spec)?,
         };
 
         let bar = if progress {
@@ -272,7 +271,7 @@ impl Scenario {
         let started = Instant::now();
         let mut counts = FaultCounts {
             // The producer places every order once; the broker's duplicates are the relays'.
-            duplicate_publishes: if relayed {
+            duplicate_publishes: if outbox.is_some() {
                 0
             } else {
                 plan.planned().duplicate_publishes

@@ -4,7 +4,6 @@
 
 mod bench;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +13,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{InspectOutbox, OutboxRow, OutboxStore};
 use serde_json::json;
 
-use crate::lab::protocol::{FaultPause, LabPoint};
+use crate::lab::protocol::{LabPoint, Pauser};
 
 /// Arguments of `justonce outbox`.
 #[derive(Debug, clap::Args)]
@@ -235,19 +234,13 @@ async fn status(at: &At, limit: usize, as_json: bool) -> anyhow::Result<()> {
 
 /// The lab's fault point in a relay process: it waits at `after-confirm` of its n-th pass
 /// (its publishes confirmed, not yet marked) for the lab's SIGKILL.
-struct PauseAt {
-    at: FaultPause,
-    passes: AtomicU64,
-}
+struct PauseAt(Pauser);
 
 #[justonce::async_trait]
 impl RelayFaultHook for PauseAt {
     async fn crash_at(&self, point: RelayFaultPoint, rows: &[OutboxRow]) -> bool {
-        if point == RelayFaultPoint::AfterConfirm && !rows.is_empty() {
-            let n = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
-            if self.at.hits(LabPoint::AfterConfirm, n) {
-                self.at.announce_and_wait(rows.len() as u64).await;
-            }
+        if point == RelayFaultPoint::AfterConfirm {
+            self.0.at(LabPoint::AfterConfirm, rows.len() as u64).await;
         }
         false
     }
@@ -268,11 +261,8 @@ async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()
         .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
         .name(args.at.table.clone());
     let mut relay = Relay::new(outbox, bus.publisher(), opts)?;
-    if let Some(at) = FaultPause::from_env()? {
-        relay = relay.with_fault_hook(Arc::new(PauseAt {
-            at,
-            passes: Default::default(),
-        }));
+    if let Some(pauser) = Pauser::from_env()? {
+        relay = relay.with_fault_hook(Arc::new(PauseAt(pauser)));
     }
     if args.exit_when_drained {
         loop {
