@@ -129,6 +129,16 @@ pub trait OutboxStore: Send + Sync + 'static {
     async fn wait_for_rows(&self, max: Duration) {
         tokio::time::sleep(max).await;
     }
+
+    /// Gives the space of sent rows back, where the database leaves that to its owner: a
+    /// running relay calls it every `RelayOptions::tidy_interval` (crate `justonce`). On
+    /// PostgreSQL a `VACUUM` of the table (skipped while another one runs), which keeps
+    /// takes from wading through deleted rows and lets the table shrink when it empties;
+    /// the default does nothing (MariaDB's purge and SQLite's free pages reuse the space
+    /// on their own).
+    async fn tidy(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A relay that holds leases now.

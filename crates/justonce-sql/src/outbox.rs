@@ -120,6 +120,8 @@ pub(crate) struct OutboxSql {
     pub(crate) sent: String,
     pub(crate) release: String,
     pub(crate) stats: String,
+    /// Run by [`OutboxStore::tidy`] outside any transaction (none), if any.
+    pub(crate) tidy: Option<String>,
     /// For tools, rows of text: `owners` (none): owner, rows, last lease end in ms;
     /// `dead` (max): seq, key, message id, attempts, reason; `revive` and `discard` end
     /// with `{and}` (nothing, or ` AND seq IN (…)`).
@@ -347,6 +349,13 @@ where
 
     async fn wait_for_rows(&self, max: Duration) {
         self.wake.wait(max).await;
+    }
+
+    async fn tidy(&self) -> Result<()> {
+        if let Some(sql) = &self.sql.tidy {
+            (*self.pool.acquire().await?).execute(sql, &[]).await?;
+        }
+        Ok(())
     }
 }
 

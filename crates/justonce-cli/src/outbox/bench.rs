@@ -44,6 +44,9 @@ pub(crate) struct BenchArgs {
     /// Rows (and messages) per take and per publish.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// Rows per take (and messages per publish) of the relay alone (default: --batch).
+    #[arg(long, value_name = "N")]
+    relay_batch: Option<usize>,
     /// Relay loops, and direct publishing tasks.
     #[arg(long, default_value_t = 2)]
     concurrency: usize,
@@ -66,6 +69,7 @@ struct Report {
     store: String,
     messages: usize,
     batch: usize,
+    relay_batch: usize,
     concurrency: usize,
     /// Messages per second of each round.
     direct: Vec<f64>,
@@ -93,11 +97,18 @@ struct Soak {
     rows_left: u64,
     /// The outbox table's size on disk at the end, as the database reports it.
     table_bytes: Option<u64>,
+    /// Its size after one more tidy (what a running relay does every `tidy_interval`).
+    table_bytes_tidied: Option<u64>,
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if args.messages == 0 || args.rounds == 0 || args.batch == 0 || args.concurrency == 0 {
-        bail!("--messages, --rounds, --batch and --concurrency must each be at least 1");
+    if args.messages == 0
+        || args.rounds == 0
+        || args.batch == 0
+        || args.relay_batch == Some(0)
+        || args.concurrency == 0
+    {
+        bail!("--messages, --rounds, --batch, --relay-batch and --concurrency must each be at least 1");
     }
     let tmp = tempfile::Builder::new()
         .prefix("justonce-outbox-bench-")
@@ -120,8 +131,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 fn table(r: &Report) -> String {
     let mut out = format!(
-        "justonce outbox bench: transport {}, store {}, {} messages, batch {}, concurrency {}\n\n",
-        r.transport, r.store, r.messages, r.batch, r.concurrency
+        "justonce outbox bench: transport {}, store {}, {} messages, batch {} (relay {}), \
+         concurrency {}\n\n",
+        r.transport, r.store, r.messages, r.batch, r.relay_batch, r.concurrency
     );
     out += &format!(
         "throughput (msg/s, median of {} interleaved rounds): direct {:.0}, relay {:.0}; \
@@ -140,19 +152,24 @@ fn table(r: &Report) -> String {
         r.latency_added_p50_ms
     );
     if let Some(s) = &r.soak {
-        out +=
-            &format!(
+        out += &format!(
             "soak: {} messages in {:.1} s while relaying; largest backlog {} rows; left {} rows, \
-             table {}\n",
+             table {} ({} after a tidy)\n",
             s.messages,
             s.seconds,
             s.max_pending,
             s.rows_left,
-            s.table_bytes
-                .map_or("size unknown".into(), |b| format!("{:.1} KiB", b as f64 / 1024.0))
+            kib(s.table_bytes),
+            kib(s.table_bytes_tidied),
         );
     }
     out
+}
+
+fn kib(bytes: Option<u64>) -> String {
+    bytes.map_or("size unknown".into(), |b| {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    })
 }
 
 fn messages(run: &str, n: usize) -> Vec<Message> {
@@ -219,6 +236,7 @@ async fn run_on<B: Bank>(
         store: redact(store_url),
         messages: args.messages,
         batch: args.batch,
+        relay_batch: args.relay_batch.unwrap_or(args.batch),
         concurrency: args.concurrency,
         direct_median: median(direct.clone()),
         relay_median: median(relay.clone()),
@@ -269,7 +287,7 @@ fn relay_of<O: OutboxStore + Clone>(
         outbox.clone(),
         bus.publisher(),
         RelayOptions::default()
-            .batch(args.batch)
+            .batch(args.relay_batch.unwrap_or(args.batch))
             .concurrency(args.concurrency),
     )?)
 }
@@ -469,11 +487,14 @@ async fn soak<B: Bank>(
     receiving.abort();
     bus.cleanup().await?;
     let stats = outbox.outbox_stats().await?;
+    let table_bytes = store.table_bytes(&tables.outbox).await.ok();
+    outbox.tidy().await?;
     Ok(Soak {
         messages: args.soak,
         seconds,
         max_pending,
         rows_left: stats.pending + stats.dead,
-        table_bytes: store.table_bytes(&tables.outbox).await.ok(),
+        table_bytes,
+        table_bytes_tidied: store.table_bytes(&tables.outbox).await.ok(),
     })
 }

@@ -151,6 +151,7 @@ fn sql(t: &str) -> OutboxSql {
                          THEN enqueued_at END)) * 1000 AS SIGNED) AS CHAR)
              FROM {t}"
         ),
+        tidy: None,
         owners: format!(
             "SELECT {}, CAST(COUNT(*) AS CHAR),
                     CAST(CAST(UNIX_TIMESTAMP(MAX(leased_until)) * 1000 AS SIGNED) AS CHAR)

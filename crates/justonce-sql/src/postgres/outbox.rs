@@ -55,7 +55,8 @@ impl PgStore {
                          owner        TEXT,
                          leased_until TIMESTAMPTZ,
                          last_error   TEXT,
-                         dead_reason  TEXT)"
+                         dead_reason  TEXT)
+                         WITH (fillfactor = 50)"
                     ),
                     format!(
                     "CREATE INDEX IF NOT EXISTS {t}_okey ON {t} (okey, seq) WHERE okey IS NOT NULL"
@@ -179,6 +180,11 @@ fn sql(t: &str) -> OutboxSql {
                       * 1000)::bigint)::text
              FROM {t}"
         ),
+        // Autovacuum visits a database once a minute at most; a relay sending thousands
+        // of rows a second leaves hundreds of thousands of deleted rows at the head of the
+        // table by then, and every take wades through them. Vacuumed by the relays every
+        // few seconds, a drained table also shrinks back to a few pages.
+        tidy: Some(format!("VACUUM (SKIP_LOCKED) {t}")),
         owners: format!(
             "SELECT owner, count(*)::text,
                     ((EXTRACT(EPOCH FROM max(leased_until)) * 1000)::bigint)::text

@@ -95,6 +95,7 @@ fn sql(t: &str) -> OutboxSql {
                     CAST(MIN(CASE WHEN dead_reason IS NULL THEN enqueued_at END) AS TEXT)
              FROM {t}"
         ),
+        tidy: None,
         owners: format!(
             "SELECT owner, CAST(COUNT(*) AS TEXT), CAST(MAX(leased_until) AS TEXT)
              FROM {t} WHERE leased_until > {now} GROUP BY owner ORDER BY owner"

@@ -17,6 +17,12 @@
 //!   `justonce_outbox_dead` gauge). An error that is not the row's (the broker or the
 //!   database unreachable, a timeout) counts no attempt: the rows go back and the relay
 //!   pauses with backoff.
+//! - **Pipelined**: each loop publishes a batch while it takes the next one (which marks
+//!   the batch before it sent, in the same transaction): one transaction per batch
+//!   besides its publish, and the publisher never waits for the database.
+//! - **Tidy**: every [`RelayOptions::tidy_interval`] the relay calls
+//!   [`OutboxStore::tidy`] (a `VACUUM` on PostgreSQL), so deleted rows do not pile up at
+//!   the head of the table between autovacuum's visits.
 //! - **Wake-up**: after a take that found nothing, the relay waits on
 //!   [`OutboxStore::wait_for_rows`] (PostgreSQL's `NOTIFY`, an in-process notification on
 //!   SQLite) and polls every [`RelayOptions::poll_interval`] in any case.
@@ -40,7 +46,7 @@ mod telemetry;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use justonce_core::{
     Error, ErrorKind, ExponentialBackoff, Message, OutboxFailure, OutboxRow, OutboxStore,
@@ -154,7 +160,7 @@ impl<O: OutboxStore> Relay<O> {
 
     /// Takes up to `batch` rows and publishes them, once.
     pub async fn relay_once(&self) -> Result<RelayReport> {
-        self.inner.pass(None).await
+        self.inner.pass().await
     }
 
     /// Runs the relay on a task of its own, beside the rest of the program (a consumer, an
@@ -195,6 +201,8 @@ impl<O: OutboxStore> Relay<O> {
         }
         let inner = self.inner.clone();
         tasks.spawn(|stop| async move { inner.poll_stats(stop).await });
+        let inner = self.inner.clone();
+        tasks.spawn(|stop| async move { inner.tidy(stop).await });
         tasks.run_until("a relay task", shutdown).await
     }
 }
@@ -217,37 +225,95 @@ impl RunningRelay {
     }
 }
 
+/// Rows a loop took, and when its take began (the lease runs from about then).
+struct Taken {
+    rows: Vec<OutboxRow>,
+    at: Instant,
+}
+
+impl Taken {
+    /// Whether a publish started now ends inside the rows' lease, however slow it is.
+    fn publishable(&self, opts: &RelayOptions) -> bool {
+        self.at.elapsed() + opts.publish_timeout < opts.lease
+    }
+
+    fn seqs(&self) -> Vec<u64> {
+        self.rows.iter().map(|r| r.seq).collect()
+    }
+}
+
 impl<O: OutboxStore> Inner<O> {
     fn instruments(&self) -> &RelayInstruments {
         self.instruments
             .get_or_init(|| RelayInstruments::register(&self.opts.name))
     }
 
+    /// One relay loop. Each batch's publish runs beside the take of the next one, which
+    /// marks the batch before it sent: the publisher is never idle while the database
+    /// works, and a batch costs one transaction besides its publish. The rows taken ahead
+    /// are still leased while the batch before them is in flight, so no key of that batch
+    /// is in them.
     async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
         let mut failures = 0u32;
-        // The last batch's rows, published and marked with the next take.
-        let mut unmarked = Vec::new();
+        // Rows published and confirmed, marked sent with the next take.
+        let mut unmarked: Vec<u64> = Vec::new();
+        // Rows taken while the batch before them was published.
+        let mut ahead: Option<Taken> = None;
         while !*stop.borrow() {
-            match self.pass(Some(&mut unmarked)).await {
-                Ok(r) if r.taken > 0 && r.released == 0 => failures = 0,
-                Ok(r) if r.taken > 0 => {
-                    // Rows behind a failed one of their key went back: let the rest of
-                    // the outbox go first rather than taking them again at once.
-                    failures = 0;
-                    crate::tasks::sleep_or_stop(
-                        self.opts.poll_interval.min(Duration::from_millis(50)),
-                        &mut stop,
-                    )
-                    .await;
+            let taken = match ahead.take() {
+                Some(t) if t.publishable(&self.opts) => Ok(t),
+                Some(t) => {
+                    // Held too long behind a slow publish to finish inside the lease.
+                    self.give_back(&t.seqs()).await;
+                    continue;
                 }
-                Ok(_) => {
+                None => self.take(&unmarked).await.inspect(|_| unmarked.clear()),
+            };
+            let outcome = match taken {
+                Ok(t) if t.rows.is_empty() => {
                     failures = 0;
+                    if !unmarked.is_empty() {
+                        // The last batch is in: mark it now (with a take), not after a wait.
+                        continue;
+                    }
                     tokio::select! {
                         _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
+                    continue;
+                }
+                Ok(t) => {
+                    let mark = std::mem::take(&mut unmarked);
+                    let (published, next) =
+                        tokio::join!(self.publish_taken(t.rows, true), self.take(&mark));
+                    match next {
+                        Ok(next) => ahead = Some(next),
+                        // Not marked: they go with the next take, which meets the error
+                        // again if it lasts.
+                        Err(_) => unmarked = mark,
+                    }
+                    published
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok((report, confirmed)) => {
+                    failures = 0;
+                    unmarked.extend(confirmed);
+                    if report.released > 0 {
+                        // Rows behind a failed one of their key went back: let the rest of
+                        // the outbox go first rather than taking them again at once.
+                        crate::tasks::sleep_or_stop(
+                            self.opts.poll_interval.min(Duration::from_millis(50)),
+                            &mut stop,
+                        )
+                        .await;
+                    }
                 }
                 Err(e) => {
+                    if let Some(t) = ahead.take() {
+                        self.give_back(&t.seqs()).await;
+                    }
                     failures = failures.saturating_add(1);
                     let pause = self.pause.delay(failures);
                     warn!(
@@ -261,6 +327,9 @@ impl<O: OutboxStore> Inner<O> {
                     crate::tasks::sleep_or_stop(pause, &mut stop).await;
                 }
             }
+        }
+        if let Some(t) = ahead.take() {
+            self.give_back(&t.seqs()).await;
         }
         if !unmarked.is_empty() {
             if let Err(e) = self.outbox.mark_sent(&unmarked).await {
@@ -284,23 +353,51 @@ impl<O: OutboxStore> Inner<O> {
         Ok(())
     }
 
-    /// One take and its publish. With `unmarked`, the rows it holds are marked sent in this
-    /// take's transaction, and this batch's rows are left in it for the next one; without,
-    /// they are marked at once.
-    async fn pass(&self, mut unmarked: Option<&mut Vec<u64>>) -> Result<RelayReport> {
-        let sent = unmarked.as_deref().map_or(&[][..], Vec::as_slice);
+    /// Tidies the outbox's table now and then; a failure is logged, once until it heals.
+    async fn tidy(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
+        let mut failing = false;
+        while !crate::tasks::sleep_or_stop(self.opts.tidy_interval, &mut stop).await {
+            match self.outbox.tidy().await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    warn!(relay = %self.opts.name, error = %e.to_chain_string(), advice = e.kind().advice(),
+                          "cannot tidy the outbox's table; deleted rows stay until the database's own vacuum");
+                }
+                Err(e) => debug!(error = %e, "cannot tidy the outbox's table"),
+            }
+        }
+        Ok(())
+    }
+
+    /// One take and its publish, its rows marked at once.
+    async fn pass(&self) -> Result<RelayReport> {
+        let taken = self.take(&[]).await?;
+        Ok(self.publish_taken(taken.rows, false).await?.0)
+    }
+
+    /// Marks `sent` and takes up to a batch of rows, in one transaction.
+    async fn take(&self, sent: &[u64]) -> Result<Taken> {
+        let at = Instant::now();
         let (o, max, lease) = (&self.opts.owner, self.opts.batch, self.opts.lease);
         let rows = self.outbox.take_after_sent(sent, o, max, lease).await?;
         self.instruments().sent.increment(sent.len() as u64);
-        if let Some(u) = unmarked.as_mut() {
-            u.clear();
-        }
-        let mut report = RelayReport {
+        Ok(Taken { rows, at })
+    }
+
+    /// Publishes taken rows. The rows confirmed are marked sent now, or, with
+    /// `defer_mark`, answered for the caller to mark with its next take.
+    async fn publish_taken(
+        &self,
+        rows: Vec<OutboxRow>,
+        defer_mark: bool,
+    ) -> Result<(RelayReport, Vec<u64>)> {
+        let report = RelayReport {
             taken: rows.len(),
             ..RelayReport::default()
         };
         if rows.is_empty() {
-            return Ok(report);
+            return Ok((report, Vec::new()));
         }
         let messages: Vec<Message> = rows.iter().map(|r| r.message.clone()).collect();
         let all: Vec<u64> = rows.iter().map(|r| r.seq).collect();
@@ -313,22 +410,23 @@ impl<O: OutboxStore> Inner<O> {
             Ok(()) => {
                 self.crash_point(RelayFaultPoint::AfterConfirm, &rows)
                     .await?;
-                report.sent = all.len();
-                match unmarked {
-                    Some(u) => u.extend_from_slice(&all),
-                    None => {
-                        self.outbox.mark_sent(&all).await?;
-                        self.instruments().sent.increment(all.len() as u64);
-                    }
+                let report = RelayReport {
+                    sent: all.len(),
+                    ..report
+                };
+                if defer_mark {
+                    return Ok((report, all));
                 }
-                Ok(report)
+                self.outbox.mark_sent(&all).await?;
+                self.instruments().sent.increment(all.len() as u64);
+                Ok((report, Vec::new()))
             }
             Err(e) if !e.kind().is_message_fault() => {
                 self.give_back(&all).await;
                 Err(e)
             }
             // One of them is refused: find which, one at a time, in order.
-            Err(_) => self.singly(rows, report).await,
+            Err(_) => Ok((self.singly(rows, report).await?, Vec::new())),
         }
     }
 

@@ -46,6 +46,11 @@ pub struct RelayOptions {
     pub max_attempts: u32,
     /// How often the backlog gauges are read (default 10 s).
     pub stats_interval: Duration,
+    /// How often the relay tidies the outbox's table ([`OutboxStore::tidy`]: a `VACUUM`
+    /// on PostgreSQL; default 10 s).
+    ///
+    /// [`OutboxStore::tidy`]: justonce_core::OutboxStore::tidy
+    pub tidy_interval: Duration,
 }
 
 impl Default for RelayOptions {
@@ -62,6 +67,7 @@ impl Default for RelayOptions {
             retry_max: Duration::from_secs(300),
             max_attempts: 10,
             stats_interval: Duration::from_secs(10),
+            tidy_interval: Duration::from_secs(10),
         }
     }
 }
@@ -87,6 +93,7 @@ impl RelayOptions {
         poll_interval: Duration,
         max_attempts: u32,
         stats_interval: Duration,
+        tidy_interval: Duration,
     );
 
     /// Sets [`RelayOptions::name`].
@@ -112,6 +119,11 @@ impl RelayOptions {
         if self.batch == 0 || self.concurrency == 0 || self.max_attempts == 0 {
             return Err(Error::config(
                 "a relay's batch, concurrency and max_attempts must each be at least 1",
+            ));
+        }
+        if self.tidy_interval.is_zero() || self.stats_interval.is_zero() {
+            return Err(Error::config(
+                "a relay's tidy_interval and stats_interval must be longer than zero",
             ));
         }
         if self.owner.trim().is_empty() {

@@ -259,6 +259,68 @@ mod postgres {
             .unwrap();
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_running_relay_gives_a_drained_tables_space_back() {
+        let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
+        let Some(url) = url() else { return };
+        let table = justonce_test::unique_name("jo_obx_tidy").replace('-', "_");
+        let store = PgStore::open(&url).await.unwrap();
+        let ob = justonce::sql::OutboxOptions::default().table(&table);
+        let outbox = store.outbox_with(ob).await.unwrap();
+        let queue = PgQueue::open(&url, &justonce_test::unique_name("tidy"))
+            .await
+            .unwrap();
+        let pad = "x".repeat(200);
+        for b in 0..20 {
+            let mut tx = store.begin().await.unwrap();
+            for i in 0..500 {
+                let m = Message::new(format!(r#"{{"pad":"{pad}"}}"#))
+                    .with_id(format!("t-{b}-{i}"))
+                    .unwrap();
+                outbox.enqueue(&mut tx, &m, None).await.unwrap();
+            }
+            store.commit(tx).await.unwrap();
+        }
+        let size = || async {
+            let n: i64 = sqlx::query_scalar("SELECT pg_relation_size($1::regclass)")
+                .bind(&table)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            n
+        };
+        let full = size().await;
+        assert!(full > 1_000_000, "10,000 rows of 200 bytes: {full} bytes");
+        let opts = RelayOptions::default()
+            .batch(500)
+            .tidy_interval(Duration::from_millis(300));
+        let running = Relay::new(outbox.clone(), queue.clone(), opts)
+            .unwrap()
+            .spawn();
+        // Ten seconds, against autovacuum's visit once a minute at most: it is the relay's
+        // own VACUUM that gives the space back.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut now = full;
+        while std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            now = size().await;
+            if outbox.outbox_stats().await.unwrap().pending == 0 && now < full / 10 {
+                break;
+            }
+        }
+        running.stop().await.unwrap();
+        assert_eq!(outbox.outbox_stats().await.unwrap().pending, 0);
+        assert!(
+            now < full / 10,
+            "the relay's VACUUM shrank the drained table: {full} -> {now} bytes"
+        );
+        queue.delete().await.unwrap();
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+
     #[cfg(feature = "mysql")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mariadb_ten_keys_through_three_relays_keep_their_order_per_key() {
