@@ -100,8 +100,8 @@ impl Wake for Local {
 /// headers, content_type, attempts`, the integers as 64-bit. Parameters, in order:
 /// - `enqueue_lock` (run before an enqueue with a key, so that seq order is commit order
 ///   per key): key;
-/// - `enqueue`: key, message id, payload, headers (JSON), content type; then `notify`
-///   (none), if any, in the same transaction;
+/// - `enqueue`: key, message id, payload, headers (JSON), content type (one statement:
+///   PostgreSQL's sends its `NOTIFY` in it);
 /// - `fail`: retry delay in ms, error, max attempts, seq; `is_dead`: seq;
 /// - `sent` and `release` end with `{seqs}`;
 /// - `stats`: none; one row of text: pending, leased, dead, oldest enqueue in ms.
@@ -109,7 +109,6 @@ impl Wake for Local {
 pub(crate) struct OutboxSql {
     pub(crate) enqueue_lock: Option<String>,
     pub(crate) enqueue: String,
-    pub(crate) notify: Option<String>,
     /// Taken first in a take's transaction (no parameters), held to its commit: one take
     /// at a time, each reading what the one before it leased, and a take dropped midway
     /// rolls back and frees it. `None`: the database serialises writers itself (SQLite).
@@ -223,9 +222,6 @@ where
             Arg::MaybeText(message.content_type()),
         ];
         (**tx).execute(&self.sql.enqueue, &args).await?;
-        if let Some(notify) = &self.sql.notify {
-            (**tx).execute(notify, &[]).await?;
-        }
         self.wake.enqueued();
         Ok(())
     }

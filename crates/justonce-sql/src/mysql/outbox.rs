@@ -103,7 +103,6 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
-        notify: None,
         // The take lock: the last row of `{t}_locks`, locked to the commit. The choose
         // after it is the transaction's first consistent read, so its snapshot sees
         // every lease the takes before it committed.

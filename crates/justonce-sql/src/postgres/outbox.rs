@@ -120,11 +120,14 @@ fn sql(t: &str) -> OutboxSql {
         enqueue_lock: Some(format!(
             "SELECT pg_advisory_xact_lock({ENQUEUE_LOCK}, hashtext($1))::text"
         )),
+        // The row and its `NOTIFY` in one round trip: the notification is queued in the
+        // transaction and delivered at its commit (never if it rolls back), and
+        // PostgreSQL folds a transaction's identical ones into one.
         enqueue: format!(
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type)
-             VALUES ($1, $2, $3, $4, $5)"
+             SELECT $1::text, $2::text, $3::bytea, $4::text, $5::text
+             FROM (SELECT pg_notify('{CHANNEL}', '{t}')) AS notified"
         ),
-        notify: Some(format!("SELECT pg_notify('{CHANNEL}', '{t}')")),
         // Takes are serialised by a transaction-scoped lock, and run their statement after
         // it, so each reads the leases of the one before. Per-key try-locks inside one
         // statement are not enough: under READ COMMITTED the statement's snapshot is taken
