@@ -285,7 +285,7 @@ impl<O: OutboxStore> Inner<O> {
                 Ok(t) => {
                     let mark = std::mem::take(&mut unmarked);
                     let (published, next) =
-                        tokio::join!(self.publish_taken(t.rows, true), self.take(&mark));
+                        tokio::join!(self.publish_taken(t.rows), self.take(&mark));
                     match next {
                         Ok(next) => ahead = Some(next),
                         // Not marked: they go with the next take, which meets the error
@@ -332,10 +332,8 @@ impl<O: OutboxStore> Inner<O> {
             self.give_back(&t.seqs()).await;
         }
         if !unmarked.is_empty() {
-            if let Err(e) = self.outbox.mark_sent(&unmarked).await {
+            if let Err(e) = self.mark_sent(&unmarked).await {
                 warn!(error = %e, rows = unmarked.len(), "cannot mark the last rows sent; they go out again after their lease");
-            } else {
-                self.instruments().sent.increment(unmarked.len() as u64);
             }
         }
         Ok(())
@@ -373,7 +371,18 @@ impl<O: OutboxStore> Inner<O> {
     /// One take and its publish, its rows marked at once.
     async fn pass(&self) -> Result<RelayReport> {
         let taken = self.take(&[]).await?;
-        Ok(self.publish_taken(taken.rows, false).await?.0)
+        let (report, confirmed) = self.publish_taken(taken.rows).await?;
+        self.mark_sent(&confirmed).await?;
+        Ok(report)
+    }
+
+    /// Marks rows sent on their own (not with a take) and counts them.
+    async fn mark_sent(&self, seqs: &[u64]) -> Result<()> {
+        if !seqs.is_empty() {
+            self.outbox.mark_sent(seqs).await?;
+            self.instruments().sent.increment(seqs.len() as u64);
+        }
+        Ok(())
     }
 
     /// Marks `sent` and takes up to a batch of rows, in one transaction.
@@ -385,13 +394,9 @@ impl<O: OutboxStore> Inner<O> {
         Ok(Taken { rows, at })
     }
 
-    /// Publishes taken rows. The rows confirmed are marked sent now, or, with
-    /// `defer_mark`, answered for the caller to mark with its next take.
-    async fn publish_taken(
-        &self,
-        rows: Vec<OutboxRow>,
-        defer_mark: bool,
-    ) -> Result<(RelayReport, Vec<u64>)> {
+    /// Publishes taken rows; answers the report and the rows confirmed and not yet marked
+    /// sent, for the caller to mark (with its next take, or at once).
+    async fn publish_taken(&self, rows: Vec<OutboxRow>) -> Result<(RelayReport, Vec<u64>)> {
         let report = RelayReport {
             taken: rows.len(),
             ..RelayReport::default()
@@ -414,18 +419,14 @@ impl<O: OutboxStore> Inner<O> {
                     sent: all.len(),
                     ..report
                 };
-                if defer_mark {
-                    return Ok((report, all));
-                }
-                self.outbox.mark_sent(&all).await?;
-                self.instruments().sent.increment(all.len() as u64);
-                Ok((report, Vec::new()))
+                Ok((report, all))
             }
             Err(e) if !e.kind().is_message_fault() => {
                 self.give_back(&all).await;
                 Err(e)
             }
-            // One of them is refused: find which, one at a time, in order.
+            // One of them is refused: find which, one at a time, in order; `singly` marks
+            // the rows it sends itself.
             Err(_) => Ok((self.singly(rows, report).await?, Vec::new())),
         }
     }
@@ -496,11 +497,8 @@ impl<O: OutboxStore> Inner<O> {
                 }
             }
         }
-        if !sent.is_empty() {
-            self.outbox.mark_sent(&sent).await?;
-            report.sent = sent.len();
-            self.instruments().sent.increment(sent.len() as u64);
-        }
+        self.mark_sent(&sent).await?;
+        report.sent = sent.len();
         report.released = back.len();
         self.give_back(&back).await;
         match outage {
