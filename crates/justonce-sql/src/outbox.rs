@@ -42,15 +42,25 @@ impl Default for OutboxOptions {
     }
 }
 
-/// How a backend takes rows.
+/// How a backend takes rows (and marks the rows its relay sent last, in the same
+/// transaction).
 #[derive(Debug)]
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+#[cfg_attr(not(all(feature = "mysql", feature = "postgres")), allow(dead_code))]
 pub(crate) enum TakeSql {
-    /// One statement that leases and returns the rows: owner, lease in ms, max.
+    /// One statement that leases and returns the rows: owner, lease in ms, max. The sent
+    /// rows are deleted before it, in its transaction (SQLite: one writer at a time).
     Returning(String),
-    /// In steps: `choose` (max) answers the seqs; `lease` (owner, lease in ms) and `read`
-    /// end with `{seqs}`.
+    /// One statement that deletes the rows sent and leases and returns the next ones:
+    /// owner, lease in ms, max, and the sent rows' seqs as comma-separated text; in a
+    /// transaction begun by `begin` (PostgreSQL: its planner settings, in the same round
+    /// trip). Takes run side by side.
+    MarkAndTake { begin: String, sql: String },
+    /// In steps, after `lock` (no parameters; held to the commit: one take at a time,
+    /// each reading what the one before it leased, and a take dropped midway rolls back
+    /// and frees it) and the delete of the sent rows: `choose` (max) answers the seqs;
+    /// `lease` (owner, lease in ms) and `read` end with `{seqs}` (MariaDB).
     Steps {
+        lock: String,
         choose: String,
         lease: String,
         read: String,
@@ -109,10 +119,6 @@ impl Wake for Local {
 pub(crate) struct OutboxSql {
     pub(crate) enqueue_lock: Option<String>,
     pub(crate) enqueue: String,
-    /// Taken first in a take's transaction (no parameters), held to its commit: one take
-    /// at a time, each reading what the one before it leased, and a take dropped midway
-    /// rolls back and frees it. `None`: the database serialises writers itself (SQLite).
-    pub(crate) take_lock: Option<String>,
     pub(crate) take: TakeSql,
     pub(crate) fail: String,
     pub(crate) is_dead: String,
@@ -240,39 +246,49 @@ where
     ) -> Result<Vec<OutboxRow>> {
         let lease = Arg::Int(lease.as_millis() as i64);
         let args = [Arg::Text(owner), lease, Arg::Int(max as i64)];
-        let rows = match (&self.sql.take, &self.sql.take_lock) {
-            // Nothing to mark and nothing to lock: one statement, no transaction.
-            (TakeSql::Returning(sql), None) if sent.is_empty() => {
+        let rows = match &self.sql.take {
+            // Nothing to mark: one statement, no transaction.
+            TakeSql::Returning(sql) if sent.is_empty() => {
                 let mut conn = self.pool.acquire().await?;
                 (*conn).outbox_rows(sql, &args).await?
             }
-            (take, lock) => {
+            TakeSql::Returning(sql) => {
                 let mut tx = self.pool.begin().await?;
-                if let Some(lock) = lock {
-                    (*tx).execute(lock, &[]).await?;
-                }
                 for_seqs(&mut *tx, &self.sql.sent, sent).await?;
-                let rows = match take {
-                    TakeSql::Returning(sql) => (*tx).outbox_rows(sql, &args).await?,
-                    TakeSql::Steps {
-                        choose,
-                        lease: lease_sql,
-                        read,
-                    } => {
-                        let seqs: Vec<u64> = (*tx)
-                            .text_rows(choose, &[Arg::Int(max as i64)])
-                            .await?
-                            .iter()
-                            .map(|r| number(&r[0]))
-                            .collect();
-                        if seqs.is_empty() {
-                            Vec::new()
-                        } else {
-                            let args = [Arg::Text(owner), lease];
-                            (*tx).execute(&with_seqs(lease_sql, &seqs), &args).await?;
-                            (*tx).outbox_rows(&with_seqs(read, &seqs), &[]).await?
-                        }
-                    }
+                let rows = (*tx).outbox_rows(sql, &args).await?;
+                tx.commit().await?;
+                rows
+            }
+            TakeSql::MarkAndTake { begin, sql } => {
+                let sent: Vec<String> = sent.iter().map(u64::to_string).collect();
+                let sent = sent.join(",");
+                let args = [args[0], args[1], args[2], Arg::Text(&sent)];
+                let mut tx = self.pool.begin_with(begin.clone()).await?;
+                let rows = (*tx).outbox_rows(sql, &args).await?;
+                tx.commit().await?;
+                rows
+            }
+            TakeSql::Steps {
+                lock,
+                choose,
+                lease: lease_sql,
+                read,
+            } => {
+                let mut tx = self.pool.begin().await?;
+                (*tx).execute(lock, &[]).await?;
+                for_seqs(&mut *tx, &self.sql.sent, sent).await?;
+                let seqs: Vec<u64> = (*tx)
+                    .text_rows(choose, &[Arg::Int(max as i64)])
+                    .await?
+                    .iter()
+                    .map(|r| number(&r[0]))
+                    .collect();
+                let rows = if seqs.is_empty() {
+                    Vec::new()
+                } else {
+                    let args = [Arg::Text(owner), lease];
+                    (*tx).execute(&with_seqs(lease_sql, &seqs), &args).await?;
+                    (*tx).outbox_rows(&with_seqs(read, &seqs), &[]).await?
                 };
                 tx.commit().await?;
                 rows

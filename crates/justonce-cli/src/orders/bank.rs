@@ -102,6 +102,9 @@ pub(crate) trait Bank: DedupStore + Clone {
     async fn receipts(&self, t: &Tables) -> Result<HashMap<String, u64>>;
     /// The bytes `table` takes on disk (with its indexes), as the database reports it.
     async fn table_bytes(&self, table: &str) -> Result<u64>;
+    /// Whether the outbox table `table` holds a row that is not dead: the first one by
+    /// seq, read through its primary key (cheap, where a count scans the table).
+    async fn outbox_has_rows(&self, table: &str) -> Result<bool>;
 }
 
 /// Implements [`Bank`] for one database. `db` is its sqlx database, whose `QueryBuilder`
@@ -355,6 +358,13 @@ macro_rules! bank {
                 }
                 let n: i64 = sqlx::query_scalar(count).bind(table).fetch_one(self.pool()).await?;
                 Ok(n.max(0) as u64)
+            }
+
+            async fn outbox_has_rows(&self, table: &str) -> Result<bool> {
+                let sql = format!(
+                    "SELECT seq FROM {table} WHERE dead_reason IS NULL ORDER BY seq LIMIT 1"
+                );
+                Ok(sqlx::query(&sql).fetch_optional(self.pool()).await?.is_some())
             }
 
             async fn pay(tx: &mut $tx, t: &Tables, p: &Payment) -> Result<bool> {

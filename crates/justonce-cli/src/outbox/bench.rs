@@ -221,7 +221,7 @@ async fn run_on<B: Bank>(
             let rate = if is_direct {
                 publish_direct(&bus, &msgs, args).await?
             } else {
-                drain_by_relay(&store, &outbox, &bus, &msgs, args).await?
+                drain_by_relay(&store, &outbox, &tables.outbox, &bus, &msgs, args).await?
             };
             bus.cleanup().await?;
             if is_direct {
@@ -306,6 +306,7 @@ fn relay_of<O: OutboxStore + Clone>(
 async fn drain_by_relay<B: Bank>(
     store: &B,
     outbox: &B::Outbox,
+    outbox_table: &str,
     bus: &Bus,
     msgs: &[Message],
     args: &BenchArgs,
@@ -319,11 +320,13 @@ async fn drain_by_relay<B: Bank>(
     }
     let started = Instant::now();
     let running = relay_of(outbox, bus, args)?.spawn();
-    // Polled every 25 ms: the count is a scan of the table, and polling it faster took
-    // the relay's CPU on two cores.
+    // The first row, by its key, every 5 ms; the count only once that is gone. A count
+    // scans the table: 40 a second took a fifth of the machine's CPU from the relay it
+    // timed (51 against 65 µs of CPU a message on PostgreSQL).
     loop {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        if outbox.outbox_stats().await?.pending == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !store.outbox_has_rows(outbox_table).await? && outbox.outbox_stats().await?.pending == 0
+        {
             break;
         }
         if started.elapsed() > Duration::from_secs(600) {

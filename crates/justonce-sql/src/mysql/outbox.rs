@@ -103,13 +103,11 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
-        // The take lock: the last row of `{t}_locks`, locked to the commit. The choose
-        // after it is the transaction's first consistent read, so its snapshot sees
-        // every lease the takes before it committed.
-        take_lock: Some(format!(
-            "SELECT id FROM {t}_locks WHERE id = {KEY_SLOTS} FOR UPDATE"
-        )),
         take: TakeSql::Steps {
+            // The take lock: the last row of `{t}_locks`, locked to the commit. The choose
+            // after it is the transaction's first consistent read, so its snapshot sees
+            // every lease the takes before it committed.
+            lock: format!("SELECT id FROM {t}_locks WHERE id = {KEY_SLOTS} FOR UPDATE"),
             choose: format!(
                 "SELECT {} FROM {t} o
                  LEFT JOIN (

@@ -1,9 +1,9 @@
 //! The PostgreSQL outbox's schema and SQL ([`crate::outbox`] runs it). Per key, seq order
 //! is commit order: an enqueue with a key takes that key's transaction-scoped advisory
 //! lock first, so a second producer of the key waits for the first one's commit before it
-//! draws its seq. Takes run one at a time under a transaction-scoped advisory lock of the
-//! table (a few milliseconds each; relays spend their time publishing), skipping rows a
-//! mark or a release holds (`SKIP LOCKED`), so two relays never hold one key at once.
+//! draws its seq. Takes run side by side (`SKIP LOCKED`); a key's rows go only to the take
+//! that holds the key's first row, as a run from it, so two relays never hold one key at
+//! once and a key's rows never overtake each other.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +20,8 @@ use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql, Wake};
 /// The channel enqueues notify on; the payload is the outbox table's name.
 const CHANNEL: &str = "jo_outbox";
 
-/// The advisory lock classes: a producer's per-key lock, and a relay's.
+/// The advisory lock class of a producer's per-key lock.
 const ENQUEUE_LOCK: i32 = 0x6a6f_0001;
-const TAKE_LOCK: i32 = 0x6a6f_0002;
 
 /// The outbox of a [`PgStore`] ([`SqlOutbox`]).
 pub type PgOutbox = SqlOutbox<Postgres>;
@@ -116,6 +115,10 @@ impl Wake for Listen {
 fn sql(t: &str) -> OutboxSql {
     let now = "clock_timestamp()";
     let ms = "* interval '1 millisecond'";
+    // The rows the relay sent last, deleted by its next take: an array built once per
+    // statement (`ARRAY(…)` is an init plan; a bare `string_to_array($4, …)` in a filter
+    // was parsed again for every row scanned, and took the take from 1.2 to 4.8 ms).
+    let sent = "ARRAY(SELECT s::bigint FROM unnest(string_to_array($4, ',')) AS s)";
     OutboxSql {
         enqueue_lock: Some(format!(
             "SELECT pg_advisory_xact_lock({ENQUEUE_LOCK}, hashtext($1))::text"
@@ -128,40 +131,47 @@ fn sql(t: &str) -> OutboxSql {
              SELECT $1::text, $2::text, $3::bytea, $4::text, $5::text
              FROM (SELECT pg_notify('{CHANNEL}', '{t}')) AS notified"
         ),
-        // Takes are serialised by a transaction-scoped lock, and run their statement after
-        // it, so each reads the leases of the one before. Per-key try-locks inside one
-        // statement are not enough: under READ COMMITTED the statement's snapshot is taken
-        // before a concurrent take commits and frees its key, and the later rows of that
-        // key, read after it, would pass both the "no earlier row leased" check (the
-        // snapshot's) and the lock (free by then), overtaking the rows just leased.
-        // With the lock, the plan: by the seq index, never a scan and a sort of the whole
+        // Takes run side by side. A key's rows go to the take that locks the key's first
+        // row in the table (whatever its state), and only as a run from it: `cand` locks
+        // the first `max` takeable rows (`SKIP LOCKED` passes over the rows another take,
+        // mark or release holds), and `gaps` finds, per key, its first row that `cand`
+        // does not hold (leased, waiting, dead, locked by another, or beyond the limit).
+        // Rows of the key from that gap on stay. This holds under READ COMMITTED where a
+        // per-key try-lock did not (see docs/dev/style.md): `gaps` reads the statement's
+        // snapshot, so a row another take leased or sent after it began is still there,
+        // a gap, and the key waits for the next take rather than overtaking it.
+        // The sent rows (`$4`) are deleted by the same statement and count as gone.
+        // `BEGIN` sets the plan: the seq index, never a scan and a sort of the whole
         // backlog. The planner cannot know how few rows are due (`clock_timestamp()`),
-        // and with 860,000 rows pending it sorted them all for a hundred: 570 ms a take
-        // (80 ms by the index, the rest of that the deleted rows at the head).
-        take_lock: Some(format!(
-            "SELECT pg_advisory_xact_lock({TAKE_LOCK}, hashtext('{t}'))::text,
-                        set_config('enable_seqscan', 'off', true),
-                        set_config('enable_sort', 'off', true)"
-        )),
+        // and with 860,000 rows pending it sorted them all for a hundred: 570 ms a take.
         // `seq = ANY (ARRAY(…))`, not a join on the CTE: the planner hash-joined the whole
         // table for a hundred rows (5 ms for 20,000 rows, against 1 ms by the index).
-        take: TakeSql::Returning(format!(
-            "WITH blocked AS (
-                     SELECT okey, min(seq) AS first FROM {t}
-                     WHERE okey IS NOT NULL AND (dead_reason IS NOT NULL OR due_at > {now}
-                                                 OR leased_until > {now})
-                     GROUP BY okey),
-                 chosen AS (
-                     SELECT o.seq FROM {t} o LEFT JOIN blocked b ON b.okey = o.okey
-                     WHERE o.dead_reason IS NULL AND o.due_at <= {now}
-                       AND (o.leased_until IS NULL OR o.leased_until <= {now})
-                       AND (b.first IS NULL OR o.seq < b.first)
-                     ORDER BY o.seq LIMIT $3
-                     FOR UPDATE OF o SKIP LOCKED)
+        take: TakeSql::MarkAndTake {
+            begin: "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off".into(),
+            sql: format!(
+                "WITH marked AS (DELETE FROM {t} WHERE seq = ANY ({sent})),
+                     cand AS MATERIALIZED (
+                         SELECT seq, okey FROM {t}
+                         WHERE dead_reason IS NULL AND due_at <= {now}
+                           AND (leased_until IS NULL OR leased_until <= {now})
+                           AND seq <> ALL ({sent})
+                         ORDER BY seq LIMIT $3
+                         FOR UPDATE SKIP LOCKED),
+                     gaps AS MATERIALIZED (
+                         SELECT k.okey,
+                                (SELECT e.seq FROM {t} e
+                                 WHERE e.okey = k.okey
+                                   AND e.seq <> ALL (ARRAY(SELECT seq FROM cand))
+                                   AND e.seq <> ALL ({sent})
+                                 ORDER BY e.seq LIMIT 1) AS gap
+                         FROM (SELECT DISTINCT okey FROM cand WHERE okey IS NOT NULL) k)
                  UPDATE {t} SET owner = $1, leased_until = {now} + $2 {ms}
-                 WHERE seq = ANY (ARRAY(SELECT seq FROM chosen))
+                 WHERE seq = ANY (ARRAY(
+                     SELECT c.seq FROM cand c LEFT JOIN gaps g ON g.okey = c.okey
+                     WHERE c.okey IS NULL OR g.gap IS NULL OR c.seq < g.gap))
                  RETURNING seq, okey, message_id, payload, headers, content_type, attempts"
-        )),
+            ),
+        },
         fail: format!(
             "UPDATE {t} SET attempts = attempts + 1, owner = NULL, leased_until = NULL,
                  due_at = {now} + $1 {ms}, last_error = $2,

@@ -462,6 +462,51 @@ impl Publisher for PgQueue {
         if messages.is_empty() {
             return Ok(());
         }
+        let mut tx = self.pool.begin().await?;
+        self.insert(&mut tx, messages).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl PgQueue {
+    /// Publishes `messages` inside `tx`, a transaction of the database the queue is in (a
+    /// [`PgStore`](crate::PgStore)'s on the same URL): they reach consumers if and only if
+    /// `tx` commits, and waiting receivers are woken at the commit. When the queue lives
+    /// in the business database this closes the gap between commit and publish with no
+    /// outbox and no relay: the queue table is the outbox.
+    ///
+    /// ```no_run
+    /// # async fn run() -> justonce_core::Result<()> {
+    /// use justonce_core::{Message, Store};
+    /// use justonce_sql::{PgQueue, PgStore};
+    ///
+    /// let url = "postgres://app@127.0.0.1:5432/shop";
+    /// let (store, receipts) = (PgStore::open(url).await?, PgQueue::open(url, "receipts").await?);
+    /// let mut tx = store.begin().await?;
+    /// // … the business write in `tx` …
+    /// let receipt = Message::new(r#"{"receipt":"R-1"}"#).with_id("R-1")?;
+    /// receipts.publish_in(&mut tx, &[receipt]).await?;
+    /// store.commit(tx).await?; // the receipt is queued if and only if the write committed
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        messages: &[Message],
+    ) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        self.insert(tx, messages).await
+    }
+
+    /// The rows and their notification, in `tx`.
+    async fn insert(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        messages: &[Message],
+    ) -> Result<()> {
         let mut ids = Vec::with_capacity(messages.len());
         let mut payloads = Vec::with_capacity(messages.len());
         let mut headers = Vec::with_capacity(messages.len());
@@ -472,7 +517,6 @@ impl Publisher for PgQueue {
             headers.push(serde_json::to_string(m.headers()).map_err(Error::from)?);
             types.push(m.content_type().map(str::to_owned));
         }
-        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO jo_queue (queue, message_id, payload, headers, content_type)
              SELECT $1, * FROM UNNEST($2::text[], $3::bytea[], $4::text[], $5::text[])",
@@ -482,14 +526,13 @@ impl Publisher for PgQueue {
         .bind(payloads)
         .bind(headers)
         .bind(types)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)
             .bind(&self.queue)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        tx.commit().await?;
         Ok(())
     }
 }

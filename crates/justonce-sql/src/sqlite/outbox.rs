@@ -60,7 +60,6 @@ fn sql(t: &str) -> OutboxSql {
             "INSERT INTO {t} (okey, message_id, payload, headers, content_type, enqueued_at, due_at)
              VALUES (?, ?, ?, ?, ?, {now}, {now})"
         ),
-        take_lock: None,
         take: TakeSql::Returning(format!(
             "UPDATE {t} SET owner = ?1, leased_until = {now} + ?2
              WHERE seq IN (

@@ -192,6 +192,46 @@ mod queue {
         q.delete().await.unwrap();
     }
 
+    /// A publish in the business transaction is the outbox: rolled back, nothing is
+    /// queued; committed, the message is there, and a receiver already waiting is woken.
+    #[tokio::test]
+    async fn a_publish_in_the_transaction_is_queued_only_if_it_commits() {
+        let Some(url) = url() else { return };
+        let q = open(
+            &url,
+            &unique_name("jo-pgq-txpub"),
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+        .await;
+        let store = PgStore::open(&url).await.unwrap();
+        let mut tx = store.begin().await.unwrap();
+        q.publish_in(&mut tx, &[msg("gone")]).await.unwrap();
+        store.rollback(tx).await.unwrap();
+        assert_eq!(q.stats().await.unwrap().pending, 0, "rolled back: nothing");
+
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.receive(10, Duration::from_secs(5)).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut tx = store.begin().await.unwrap();
+        q.publish_in(&mut tx, &[msg("kept")]).await.unwrap();
+        assert_eq!(q.stats().await.unwrap().pending, 0, "not before the commit");
+        let committed = std::time::Instant::now();
+        store.commit(tx).await.unwrap();
+        let got = waiting.await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message.id().unwrap().as_str(), "kept");
+        assert!(
+            committed.elapsed() < Duration::from_secs(2),
+            "woken by the commit, not by the 5 s poll: {:?}",
+            committed.elapsed()
+        );
+        q.ack(&[&got[0].receipt]).await.unwrap();
+        q.delete().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_wrong_url_is_a_clear_error() {
         let err = PgQueue::open("postgres://app:s3cret@127.0.0.1:1/test", "q")
