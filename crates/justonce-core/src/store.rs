@@ -160,6 +160,14 @@ pub trait ClaimStore: Send + Sync {
     /// Deletes at most `batch` completed claims older than `retention`; returns how many.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;
 
+    /// How long the store keeps a completed claim on its own, by key expiry (Redis), if it
+    /// does. The consumer refuses to start in claim mode when this is not longer than its
+    /// redelivery horizon (contract 6), as it does for a purge's retention. `None` (the
+    /// default): claims stay until [`ClaimStore::purge`] removes them.
+    fn expiry(&self) -> Option<Duration> {
+        None
+    }
+
     /// [`ClaimStore::acquire`] for each key, in order. Stores override it to take a
     /// consumer's whole batch in one round trip.
     async fn acquire_batch(

@@ -71,7 +71,7 @@ async fn main() -> Result<()> {
             mailer: mailer.clone(),
         },
     )?
-    .with_claims(Arc::new(claims));
+    .with_claims(Arc::new(claims))?;
     while queue.stats().await?.pending > 0 {
         consumer.run_once().await?;
     }

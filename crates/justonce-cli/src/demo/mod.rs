@@ -271,7 +271,7 @@ async fn run_one<B: Bank>(
             StoreKind::Sqlite => sqlite_in("claims.db"),
             StoreKind::Postgres | StoreKind::MySql => target.store.clone(),
         };
-        consumer = consumer.with_claims(store.claims(&url, &tables).await?);
+        consumer = consumer.with_claims(store.claims(&url, &tables).await?)?;
     }
     if let Some(second) = &second {
         consumer = consumer.with_outbox(second.outbox());

@@ -285,8 +285,27 @@ where
     }
 
     /// Sets the claim store that [`Idempotency::Claim`] takes its claims in. Call before running.
-    pub fn with_claims(self, claims: Arc<dyn ClaimStore>) -> Self {
-        self.modify(|inner| inner.claims = Some(claims))
+    ///
+    /// Fails when the store forgets completed claims by expiry ([`ClaimStore::expiry`], a
+    /// Redis key's TTL) no later than the redelivery horizon (contract 6): a message
+    /// delivered again after its claim expired would have its effect twice.
+    pub fn with_claims(self, claims: Arc<dyn ClaimStore>) -> Result<Self> {
+        if let Some(expiry) = claims.expiry() {
+            let horizon = self
+                .inner
+                .opts
+                .redelivery_horizon(self.inner.source.redelivery_delay());
+            if expiry <= horizon {
+                return Err(Error::config(format!(
+                    "the claim store keeps completed claims for {expiry:?}, not longer than the \
+                     redelivery horizon of {horizon:?} (retries x backoff_max + attempts x \
+                     transport delay): a message redelivered after its claim expired would \
+                     have its effect again; raise the store's expiry above {horizon:?} or lower \
+                     max_attempts/backoff_max"
+                )));
+            }
+        }
+        Ok(self.modify(|inner| inner.claims = Some(claims)))
     }
 
     /// Acks each batch inside its own transaction, through `acker`: the queue lives in the

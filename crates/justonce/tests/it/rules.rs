@@ -371,3 +371,69 @@ async fn retention_shorter_than_the_redelivery_horizon_refuses_to_start() {
     opts.dedup.retention = Some(Duration::from_secs(24 * 3600));
     assert!(Consumer::new(opts, q, MemoryStore::new(), Script::default()).is_ok());
 }
+
+/// A claim store that forgets completed claims by expiry (as Redis keys expire): the
+/// consumer refuses it when the expiry is not longer than the redelivery horizon.
+#[tokio::test]
+async fn a_claim_expiry_shorter_than_the_redelivery_horizon_is_refused() {
+    use justonce::memory::MemoryClaims;
+    use justonce::{ClaimState, ClaimStore, DedupKey, Fingerprint};
+
+    struct Expiring(MemoryClaims, Duration);
+
+    #[async_trait]
+    impl ClaimStore for Expiring {
+        async fn acquire(
+            &self,
+            key: DedupKey<'_>,
+            fp: Fingerprint,
+            lease: Duration,
+        ) -> justonce::Result<ClaimState> {
+            self.0.acquire(key, fp, lease).await
+        }
+        async fn complete(
+            &self,
+            key: DedupKey<'_>,
+            token: u64,
+            result: Option<&[u8]>,
+        ) -> justonce::Result<()> {
+            self.0.complete(key, token, result).await
+        }
+        async fn release(&self, key: DedupKey<'_>, token: u64) -> justonce::Result<()> {
+            self.0.release(key, token).await
+        }
+        async fn purge(&self, retention: Duration, batch: u32) -> justonce::Result<u64> {
+            self.0.purge(retention, batch).await
+        }
+        fn expiry(&self) -> Option<Duration> {
+            Some(self.1)
+        }
+    }
+
+    let q: Arc<dyn Source> = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let mut opts = options(Semantics::EffectivelyOnce);
+    opts.retry.max_attempts = 5;
+    opts.retry.backoff_max = Duration::from_secs(60);
+    let consumer = || {
+        Consumer::new(
+            opts.clone(),
+            q.clone(),
+            MemoryStore::new(),
+            Script::default(),
+        )
+    };
+    let short = Arc::new(Expiring(MemoryClaims::default(), Duration::from_secs(300)));
+    let err = consumer()
+        .unwrap()
+        .with_claims(short)
+        .err()
+        .expect("must refuse");
+    let text = err.to_string();
+    // 4 retries x 60 s + 5 x 30 s lease = 390 s.
+    assert!(text.contains("300s") && text.contains("390s"), "{text}");
+    let day = Arc::new(Expiring(
+        MemoryClaims::default(),
+        Duration::from_secs(86_400),
+    ));
+    assert!(consumer().unwrap().with_claims(day).is_ok());
+}

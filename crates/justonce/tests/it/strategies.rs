@@ -177,6 +177,7 @@ fn consumer(
     Consumer::new(opts, f.queue.clone(), f.store.clone(), pay)
         .unwrap()
         .with_claims(f.claims.clone())
+        .unwrap()
 }
 
 async fn effects(f: &Fixture, method: Method) -> i64 {
