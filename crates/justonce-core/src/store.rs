@@ -103,6 +103,14 @@ pub trait DedupStore: Store {
     /// Deletes at most `batch` records older than `retention` by the store's clock;
     /// returns how many it deleted. Call it repeatedly; it never holds locks for long.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64>;
+
+    /// How long the store keeps a record on its own, by key expiry (Redis), if it does.
+    /// The consumer refuses to start when this is not longer than its redelivery horizon
+    /// (contract 6), as it does for a purge's retention. `None` (the default): records
+    /// stay until [`DedupStore::purge`] removes them.
+    fn expiry(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The answer of [`ClaimStore::acquire`].
@@ -350,5 +358,8 @@ impl<T: DedupStore + ?Sized> DedupStore for std::sync::Arc<T> {
     }
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
         (**self).purge(retention, batch).await
+    }
+    fn expiry(&self) -> Option<Duration> {
+        (**self).expiry()
     }
 }

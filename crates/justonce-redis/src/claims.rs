@@ -415,41 +415,14 @@ impl ClaimStore for RedisClaimStore {
     /// (`SCAN`) that stops after `batch` deletions. Expiry does this on its own; a purge
     /// only removes completed claims sooner.
     async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
-        let pattern = format!("{}claim:*", self.opts.prefix);
-        let age = retention.as_millis() as u64;
-        let mut conn = self.conn.clone();
-        let mut cursor: u64 = 0;
-        let mut purged = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis("scanning the claims", e))?;
-            for chunk in keys.chunks(batch.max(1) as usize) {
-                if purged >= u64::from(batch) {
-                    return Ok(purged);
-                }
-                let mut call = self.scripts.purge.prepare_invoke();
-                for k in chunk {
-                    call.key(k);
-                }
-                call.arg(age);
-                let n: u64 = call
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| redis("purging the claims", e))?;
-                purged += n;
-            }
-            if next == 0 || purged >= u64::from(batch) {
-                return Ok(purged);
-            }
-            cursor = next;
-        }
+        crate::scan::purge(
+            &self.conn,
+            &format!("{}claim:*", self.opts.prefix),
+            &self.scripts.purge,
+            retention,
+            batch,
+        )
+        .await
     }
 
     fn expiry(&self) -> Option<Duration> {

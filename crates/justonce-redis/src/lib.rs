@@ -11,6 +11,10 @@
 //!   server's clock, fencing tokens that grow across a restart of a server that keeps
 //!   nothing, compare-and-set completion, ambiguous replies resolved by owner, retention by
 //!   key expiry;
+//! - [`RedisStore`], a [`DedupStore`](justonce_core::DedupStore) whose business data lives
+//!   in Redis: the handler's writes ([`RedisTx`]) and the batch's dedup records commit in
+//!   one script, all or nothing, so a Redis-only handler is effectively-once with no
+//!   database;
 //! - [`ServerSettings`]: what the server keeps on disk and may evict, read at connect,
 //!   logged when it weakens the guarantee, and answered to `justonce doctor`.
 //!
@@ -21,10 +25,13 @@
 mod claims;
 mod connection;
 mod error;
+mod scan;
 mod server;
+mod store;
 
 pub use claims::{RedisClaimOptions, RedisClaimStore};
 pub use server::ServerSettings;
+pub use store::{RedisStore, RedisStoreOptions, RedisTx};
 
 /// The Redis guide, compiled: its Rust snippets are doctests.
 #[cfg(doctest)]

@@ -8,7 +8,9 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::{ClaimState, ClaimStore, DedupKey, ErrorKind, Fingerprint, MessageId};
+use justonce_core::{
+    ClaimState, ClaimStore, DedupKey, DedupStore, ErrorKind, Fingerprint, MessageId, Store,
+};
 use justonce_redis::{RedisClaimOptions, RedisClaimStore};
 use justonce_test::unique_name;
 
@@ -285,4 +287,246 @@ async fn an_unreachable_server_is_a_clear_error_without_the_password() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
+/// The dedup store contract, one test per rule, each under a prefix of its own.
+mod dedup_contract {
+    use super::*;
+    use justonce_redis::{RedisStore, RedisStoreOptions};
+    use justonce_test::Backend;
+
+    justonce_test::dedup_store_tests!(|| async {
+        let url = url()?;
+        let opts = RedisStoreOptions::default().prefix(prefix("dedup"));
+        Some(Backend::new(
+            RedisStore::connect_with(&url, opts).await.unwrap(),
+        ))
+    });
+}
+
+mod effects {
+    use std::collections::HashMap;
+
+    use justonce::memory::MemoryQueue;
+    use justonce::{
+        Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Publisher, Semantics,
+    };
+    use justonce_redis::{RedisStore, RedisStoreOptions, RedisTx};
+    use justonce_test::faults::{Effects, Faults};
+    use redis::AsyncCommands;
+
+    use super::*;
+
+    /// A payment kept in Redis: the balance and a ledger entry, not idempotent by itself.
+    struct Pay {
+        prefix: String,
+    }
+
+    impl Handler<RedisTx> for Pay {
+        async fn handle(
+            &self,
+            cx: &Context<'_>,
+            tx: &mut RedisTx,
+        ) -> justonce::Result<Disposition> {
+            let id = cx
+                .message()
+                .id()
+                .map(|i| i.as_str().to_owned())
+                .unwrap_or_default();
+            let amount: i64 = String::from_utf8_lossy(cx.message().payload())
+                .parse()
+                .unwrap_or(0);
+            tx.hincr_by(format!("{}balances", self.prefix), "acct-1", amount);
+            tx.rpush(format!("{}ledger", self.prefix), id);
+            Ok(Disposition::Ok)
+        }
+    }
+
+    async fn run(semantics: Semantics) -> (Vec<String>, i64, u64, usize) {
+        let url = url().unwrap();
+        let p = prefix("effects");
+        let store = RedisStore::connect_with(&url, RedisStoreOptions::default().prefix(&p))
+            .await
+            .unwrap();
+        let queue = Arc::new(MemoryQueue::new("payments", Duration::from_millis(50)));
+        let faults = Faults::new(11)
+            .crash_before_commit(0.15)
+            .crash_after_commit(0.15)
+            .lose_ack(0.1);
+        let sent: Vec<Message> = (0..300)
+            .map(|i| Message::new("5").with_id(format!("PAY-{i}")).unwrap())
+            .collect();
+        queue.publish_batch(&sent).await.unwrap();
+        queue
+            .publish_batch(&faults.published_twice(&sent))
+            .await
+            .unwrap();
+        let mut opts = ConsumerOptions::new("billing").batch_size(20);
+        opts.semantics = semantics;
+        let consumer = Consumer::new(
+            opts,
+            queue.clone(),
+            store.clone(),
+            Pay { prefix: p.clone() },
+        )
+        .unwrap()
+        .with_fault_hook(Arc::new(faults.clone()));
+        let q = queue.clone();
+        consumer
+            .run_until(async move {
+                while !q.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .unwrap();
+        let mut conn = store.connection();
+        let ledger: Vec<String> = conn.lrange(format!("{p}ledger"), 0, -1).await.unwrap();
+        let balance: i64 = conn
+            .hget(format!("{p}balances"), "acct-1")
+            .await
+            .unwrap_or(0);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{p}*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = conn.del(keys).await.unwrap();
+        (ledger, balance, faults.fired(), sent.len())
+    }
+
+    /// Crashes before and after the commit, lost acks and duplicate publishes: every
+    /// payment once in the ledger, and the balance is the ledger's sum, read from Redis.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn effects_in_redis_apply_once_under_faults() {
+        if url().is_none() {
+            return;
+        }
+        let (ledger, balance, fired, sent) = run(Semantics::EffectivelyOnce).await;
+        assert!(fired > 5, "the faults happened ({fired})");
+        let verdict = Effects::count(ledger.clone()).check(
+            (0..sent)
+                .map(|i| format!("PAY-{i}"))
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str),
+        );
+        assert_eq!(
+            (verdict.lost, verdict.duplicate_effects),
+            (0, 0),
+            "{verdict:?}"
+        );
+        assert_eq!(
+            balance,
+            5 * ledger.len() as i64,
+            "the balance is the ledger's sum"
+        );
+    }
+
+    /// The twin: at-least-once under the same faults applies some payments twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn at_least_once_under_the_same_faults_applies_twice() {
+        if url().is_none() {
+            return;
+        }
+        let (ledger, _, _, _) = run(Semantics::AtLeastOnce).await;
+        let mut per: HashMap<&str, usize> = HashMap::new();
+        for id in &ledger {
+            *per.entry(id.as_str()).or_default() += 1;
+        }
+        assert!(per.values().any(|&n| n > 1), "duplicates without dedup");
+    }
+
+    /// The records' expiry is the store's retention: a consumer whose redelivery horizon
+    /// is not shorter refuses to start, saying both numbers.
+    #[tokio::test]
+    async fn an_expiry_shorter_than_the_redelivery_horizon_is_refused() {
+        let Some(url) = url() else { return };
+        let open = |secs| {
+            let opts = RedisStoreOptions::default()
+                .prefix(prefix("expiry"))
+                .expiry(Duration::from_secs(secs));
+            RedisStore::connect_with(&url, opts)
+        };
+        let queue = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+        let mut opts = ConsumerOptions::new("billing");
+        opts.retry.max_attempts = 5;
+        opts.retry.backoff_max = Duration::from_secs(60);
+        let short = open(300).await.unwrap();
+        let p = Pay {
+            prefix: "x:".into(),
+        };
+        let err = Consumer::new(opts.clone(), queue.clone(), short, p)
+            .err()
+            .expect("must refuse");
+        // 4 retries x 60 s + 5 x 30 s lease = 390 s.
+        let text = err.to_string();
+        assert!(text.contains("300s") && text.contains("390s"), "{text}");
+        let day = open(86_400).await.unwrap();
+        assert!(Consumer::new(
+            opts,
+            queue,
+            day,
+            Pay {
+                prefix: "x:".into()
+            }
+        )
+        .is_ok());
+    }
+
+    /// Two batches find one key fresh: the second to commit writes nothing (not its
+    /// dedup key, not its writes) and fails as transient.
+    #[tokio::test]
+    async fn the_second_of_two_commits_of_one_key_writes_nothing() {
+        let Some(url) = url() else { return };
+        let p = prefix("race2");
+        let store = RedisStore::connect_with(&url, RedisStoreOptions::default().prefix(&p))
+            .await
+            .unwrap();
+        let m = id("PAY-1");
+        let (mut a, mut b) = (store.begin().await.unwrap(), store.begin().await.unwrap());
+        for tx in [&mut a, &mut b] {
+            assert_eq!(
+                store.claim(tx, key("c", &m), fp()).await.unwrap(),
+                justonce_core::Claim::Fresh
+            );
+            tx.incr_by(format!("{p}n"), 1);
+        }
+        store.commit(a).await.unwrap();
+        let err = store.commit(b).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+        assert!(err.is_transient());
+        let n: i64 = store.connection().get(format!("{p}n")).await.unwrap();
+        assert_eq!(n, 1, "the losing batch wrote nothing");
+    }
+
+    /// A write Redis would refuse halfway (a push onto a key that holds a string) is found
+    /// before anything is written: no dedup key, no earlier write, an error that is not
+    /// the message's fault.
+    #[tokio::test]
+    async fn a_write_that_cannot_run_writes_nothing() {
+        let Some(url) = url() else { return };
+        let p = prefix("refused");
+        let store = RedisStore::connect_with(&url, RedisStoreOptions::default().prefix(&p))
+            .await
+            .unwrap();
+        let mut conn = store.connection();
+        let _: () = conn.set(format!("{p}text"), "x").await.unwrap();
+        let m = id("PAY-2");
+        let mut tx = store.begin().await.unwrap();
+        store.claim(&mut tx, key("c", &m), fp()).await.unwrap();
+        tx.incr_by(format!("{p}first"), 1);
+        tx.rpush(format!("{p}text"), "y");
+        let err = store.commit(tx).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Schema, "{err}");
+        assert!(!err.kind().is_message_fault());
+        let first: Option<i64> = conn.get(format!("{p}first")).await.unwrap();
+        assert_eq!(first, None, "the write before it did not run");
+        let mut tx = store.begin().await.unwrap();
+        assert_eq!(
+            store.claim(&mut tx, key("c", &m), fp()).await.unwrap(),
+            justonce_core::Claim::Fresh,
+            "and the message was not recorded"
+        );
+    }
 }

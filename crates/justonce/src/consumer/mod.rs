@@ -205,14 +205,25 @@ where
                 "batch_size, concurrency and max_attempts must each be at least 1",
             ));
         }
+        let horizon = opts.redelivery_horizon(source.redelivery_delay());
         if let Some(retention) = opts.dedup.retention {
-            let horizon = opts.redelivery_horizon(source.redelivery_delay());
             if opts.semantics == Semantics::EffectivelyOnce && retention <= horizon {
                 return Err(Error::config(format!(
                     "dedup retention of {retention:?} is not longer than the redelivery horizon of \
                      {horizon:?} (retries x backoff_max + attempts x transport delay): a message \
                      redelivered after its record is purged would be applied twice; raise retention \
                      above {horizon:?} or lower max_attempts/backoff_max"
+                )));
+            }
+        }
+        if let Some(expiry) = store.expiry() {
+            if opts.semantics == Semantics::EffectivelyOnce && expiry <= horizon {
+                return Err(Error::config(format!(
+                    "the store keeps dedup records for {expiry:?} (their expiry), not longer than \
+                     the redelivery horizon of {horizon:?} (retries x backoff_max + attempts x \
+                     transport delay): a message redelivered after its record expired would be \
+                     applied twice; raise the store's expiry above {horizon:?} or lower \
+                     max_attempts/backoff_max"
                 )));
             }
         }
