@@ -28,10 +28,12 @@ mod error;
 mod scan;
 mod server;
 mod store;
+mod stream;
 
 pub use claims::{RedisClaimOptions, RedisClaimStore};
 pub use server::ServerSettings;
 pub use store::{RedisStore, RedisStoreOptions, RedisTx};
+pub use stream::{RedisStream, RedisStreamOptions, StartAt};
 
 /// The Redis guide, compiled: its Rust snippets are doctests.
 #[cfg(doctest)]

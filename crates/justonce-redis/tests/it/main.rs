@@ -530,3 +530,454 @@ mod effects {
         );
     }
 }
+
+/// The transport contract on a Redis stream, one test per rule, each on a stream of its
+/// own (deleted through `Inspect::cleanup`), with a lease of 300 ms.
+mod stream_contract {
+    use super::*;
+    use justonce_redis::{RedisStream, RedisStreamOptions};
+    use justonce_test::{transport::Queue, Backend};
+
+    justonce_test::transport_tests!(|| async {
+        let url = url()?;
+        let opts = RedisStreamOptions::new(unique_name("jo-test-stream"))
+            .consumer("contract")
+            .lease(Duration::from_millis(300));
+        let q = RedisStream::connect(&url, opts).await.unwrap();
+        Some(Backend::new(Queue::new(q, Duration::from_millis(300))))
+    });
+}
+
+mod stream {
+    use std::collections::HashMap;
+
+    use justonce::memory::{MemoryStore, MemoryTx};
+    use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Semantics};
+    use justonce_core::{Inspect, Message, Publisher, Source};
+    use justonce_redis::{RedisStore, RedisStoreOptions, RedisStream, RedisStreamOptions, RedisTx};
+    use justonce_test::faults::{Effects, Faults};
+    use redis::AsyncCommands;
+
+    use super::*;
+
+    fn opts(stream: &str, consumer: &str, lease_ms: u64) -> RedisStreamOptions {
+        RedisStreamOptions::new(stream)
+            .consumer(consumer)
+            .lease(Duration::from_millis(lease_ms))
+    }
+
+    fn msgs(n: usize, prefix: &str) -> Vec<Message> {
+        (0..n)
+            .map(|i| Message::new("5").with_id(format!("{prefix}-{i}")).unwrap())
+            .collect()
+    }
+
+    /// A worker that dies holding entries, restarted under its name, takes them back at
+    /// once (attempt 2); another name would wait out the lease.
+    #[tokio::test]
+    async fn a_restarted_worker_takes_its_own_entries_back_at_once() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-resume");
+        let first = RedisStream::connect(&url, opts(&name, "w1", 30_000))
+            .await
+            .unwrap();
+        first.publish_batch(&msgs(2, "R")).await.unwrap();
+        assert_eq!(
+            first
+                .receive(10, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        drop(first); // dies holding both, for a lease of 30 s
+        let other = RedisStream::connect(&url, opts(&name, "w2", 30_000))
+            .await
+            .unwrap();
+        assert!(
+            other
+                .receive(10, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .is_empty(),
+            "another name waits for the lease"
+        );
+        let again = RedisStream::connect(&url, opts(&name, "w1", 30_000))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let got = again.receive(10, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(got.len(), 2, "the same name takes them back");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(got.iter().all(|d| d.attempt == 2 && d.redelivered));
+        let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+        again.ack(&receipts).await.unwrap();
+        again.delete().await.unwrap();
+    }
+
+    /// A batch held for five leases by a live worker is not taken over (its heartbeat
+    /// keeps it fresh), and its ack still counts; held by a worker that let go, it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_heartbeat_keeps_a_long_batch_from_being_taken_over() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-heartbeat");
+        let slow = RedisStream::connect(&url, opts(&name, "slow", 300))
+            .await
+            .unwrap();
+        let other = RedisStream::connect(&url, opts(&name, "other", 300))
+            .await
+            .unwrap();
+        slow.publish(&msgs(1, "H")[0]).await.unwrap();
+        let held = slow.receive(1, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(held.len(), 1);
+        let deadline = std::time::Instant::now() + Duration::from_millis(1500);
+        while std::time::Instant::now() < deadline {
+            assert!(
+                other
+                    .receive(1, Duration::from_millis(100))
+                    .await
+                    .unwrap()
+                    .is_empty(),
+                "a live holder's entry is not taken over"
+            );
+        }
+        slow.ack(&[&held[0].receipt]).await.unwrap();
+        assert_eq!(slow.pending().await.unwrap(), 0, "its ack counted");
+
+        slow.publish(&msgs(1, "H2")[0]).await.unwrap();
+        let held = slow.receive(1, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(held.len(), 1);
+        slow.abandon().await; // as a dead worker: no heartbeat for it
+        let taken = other.receive(1, Duration::from_secs(3)).await.unwrap();
+        assert_eq!(
+            taken.len(),
+            1,
+            "an abandoned entry is taken over after its lease"
+        );
+        assert_eq!(taken[0].attempt, 2);
+        other.ack(&[&taken[0].receipt]).await.unwrap();
+        other.delete().await.unwrap();
+    }
+
+    /// A blocking read waits longer than redis-rs's 500 ms command timeout, on its own
+    /// connection: the source's other commands go on meanwhile, and a publish wakes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_blocking_read_has_a_connection_of_its_own() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-block");
+        let q = RedisStream::connect(&url, opts(&name, "b", 30_000))
+            .await
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        assert!(q
+            .receive(10, Duration::from_millis(1200))
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(1100),
+            "{:?}",
+            t0.elapsed()
+        );
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.receive(10, Duration::from_secs(10)).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t1 = std::time::Instant::now();
+        q.publish(&msgs(1, "B")[0]).await.unwrap();
+        assert!(
+            t1.elapsed() < Duration::from_millis(500),
+            "the publish did not wait for the read"
+        );
+        let got = waiting.await.unwrap();
+        assert_eq!(got.len(), 1, "the publish woke the read");
+        q.ack(&[&got[0].receipt]).await.unwrap();
+        q.delete().await.unwrap();
+    }
+
+    /// Another group on the same stream has read nothing: trimming removes nothing; once it
+    /// acked the first five, those five go, and never an entry pending in a group.
+    #[tokio::test]
+    async fn trimming_never_removes_what_a_group_still_needs() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-trim");
+        let a = RedisStream::connect(&url, opts(&name, "a", 30_000))
+            .await
+            .unwrap();
+        let b = RedisStream::connect(&url, opts(&name, "b", 30_000).group("other"))
+            .await
+            .unwrap();
+        a.publish_batch(&msgs(10, "T")).await.unwrap();
+        let got = a.receive(10, Duration::from_secs(1)).await.unwrap();
+        let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+        a.ack(&receipts).await.unwrap();
+        a.trim().await.unwrap();
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let len: u64 = conn.xlen(&name).await.unwrap();
+        assert_eq!(len, 10, "group other has read nothing: nothing trimmed");
+        let got = b.receive(5, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(got.len(), 5);
+        let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+        b.ack(&receipts[..3]).await.unwrap(); // two stay pending in group other
+        b.trim().await.unwrap();
+        let len: u64 = conn.xlen(&name).await.unwrap();
+        assert_eq!(
+            len, 7,
+            "the three both groups settled went, the pending two stayed"
+        );
+        b.ack(&receipts[3..]).await.unwrap();
+        b.trim().await.unwrap();
+        let len: u64 = conn.xlen(&name).await.unwrap();
+        assert_eq!(len, 5, "the five group other has not read stay");
+        a.delete().await.unwrap();
+        let _: () = conn.del(b.options().retry_key()).await.unwrap();
+    }
+
+    /// An entry another producer wrote without a `payload` field is dead-lettered by the
+    /// source with its reason; one with an empty or non-UTF-8 id is delivered with none.
+    #[tokio::test]
+    async fn malformed_entries_are_dead_lettered_or_delivered_without_an_id() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-malformed");
+        let q = RedisStream::connect(&url, opts(&name, "m", 30_000))
+            .await
+            .unwrap();
+        let mut raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: String = raw.xadd(&name, "*", &[("body", "{}")]).await.unwrap();
+        let _: String = raw
+            .xadd(
+                &name,
+                "*",
+                &[("payload", &b"x"[..]), ("id", &[0xffu8, 0xfe][..])],
+            )
+            .await
+            .unwrap();
+        let _: String = raw
+            .xadd(&name, "*", &[("payload", "y"), ("id", "")])
+            .await
+            .unwrap();
+        let got = q.receive(10, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(got.len(), 2, "the entry without a payload is not delivered");
+        assert!(
+            got.iter().all(|d| d.message.id().is_none()),
+            "bad ids are none"
+        );
+        let letters = q.dead_letters().await.unwrap();
+        assert_eq!(letters.len(), 1);
+        assert!(
+            letters[0].reason.error.contains("no `payload` field"),
+            "{}",
+            letters[0].reason.error
+        );
+        let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+        q.ack(&receipts).await.unwrap();
+        q.delete().await.unwrap();
+    }
+
+    struct Pay {
+        prefix: String,
+    }
+
+    impl Handler<RedisTx> for Pay {
+        async fn handle(
+            &self,
+            cx: &Context<'_>,
+            tx: &mut RedisTx,
+        ) -> justonce::Result<Disposition> {
+            let id = cx
+                .message()
+                .id()
+                .map(|i| i.as_str().to_owned())
+                .unwrap_or_default();
+            tx.hincr_by(format!("{}balances", self.prefix), "acct-1", 5);
+            tx.rpush(format!("{}ledger", self.prefix), id);
+            Ok(Disposition::Ok)
+        }
+    }
+
+    /// The stream and the effects both in Redis, under crashes before and after the
+    /// commit, lost acks and duplicate publishes: each payment once in the ledger, read
+    /// from Redis; at-least-once under the same faults pays some twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_and_effects_in_redis_apply_once_under_faults() {
+        let Some(url) = url() else { return };
+        let run = |semantics: Semantics| {
+            let url = url.clone();
+            async move {
+                let name = unique_name("jo-test-e2e");
+                let p = prefix("e2e");
+                let q = Arc::new(
+                    RedisStream::connect(&url, opts(&name, "w", 200))
+                        .await
+                        .unwrap(),
+                );
+                let store = RedisStore::connect_with(&url, RedisStoreOptions::default().prefix(&p))
+                    .await
+                    .unwrap();
+                let faults = Faults::new(3)
+                    .crash_before_commit(0.15)
+                    .crash_after_commit(0.15)
+                    .lose_ack(0.1)
+                    .abandoning(q.clone());
+                let sent = msgs(300, "PAY");
+                q.publish_batch(&sent).await.unwrap();
+                q.publish_batch(&faults.published_twice(&sent))
+                    .await
+                    .unwrap();
+                let mut o = ConsumerOptions::new("billing").batch_size(20);
+                o.semantics = semantics;
+                let consumer =
+                    Consumer::new(o, q.clone(), store.clone(), Pay { prefix: p.clone() })
+                        .unwrap()
+                        .with_fault_hook(Arc::new(faults.clone()));
+                let probe = q.clone();
+                consumer
+                    .run_until(async move {
+                        while probe.pending().await.unwrap() > 0 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    })
+                    .await
+                    .unwrap();
+                let mut conn = store.connection();
+                let ledger: Vec<String> = conn.lrange(format!("{p}ledger"), 0, -1).await.unwrap();
+                let balance: i64 = conn
+                    .hget(format!("{p}balances"), "acct-1")
+                    .await
+                    .unwrap_or(0);
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{p}*"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let _: () = conn.del(keys).await.unwrap();
+                q.delete().await.unwrap();
+                (ledger, balance, faults.fired())
+            }
+        };
+        let (ledger, balance, fired) = run(Semantics::EffectivelyOnce).await;
+        assert!(fired > 5, "the faults happened ({fired})");
+        let ids: Vec<String> = (0..300).map(|i| format!("PAY-{i}")).collect();
+        let verdict = Effects::count(ledger.clone()).check(ids.iter().map(String::as_str));
+        assert_eq!(
+            (verdict.lost, verdict.duplicate_effects),
+            (0, 0),
+            "{verdict:?}"
+        );
+        assert_eq!(balance, 5 * ledger.len() as i64);
+
+        let (ledger, _, _) = run(Semantics::AtLeastOnce).await;
+        let mut per: HashMap<&str, usize> = HashMap::new();
+        for id in &ledger {
+            *per.entry(id.as_str()).or_default() += 1;
+        }
+        assert!(
+            per.values().any(|&n| n > 1),
+            "at-least-once pays some twice"
+        );
+    }
+
+    struct Record;
+
+    impl Handler<MemoryTx> for Record {
+        async fn handle(
+            &self,
+            cx: &Context<'_>,
+            tx: &mut MemoryTx,
+        ) -> justonce::Result<Disposition> {
+            tx.record(cx.message().id().map(|i| i.as_str()).unwrap_or_default());
+            tokio::time::sleep(Duration::from_millis(2)).await; // a run that lasts a second
+            Ok(Disposition::Ok)
+        }
+    }
+
+    /// The server is killed mid-run and started again (a server of the test's own, with
+    /// `appendonly yes` and `appendfsync always`): the consumer hands its batch back,
+    /// reconnects and finishes; every message applied once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_restart_mid_run_loses_nothing() {
+        let Some(mut server) = server::OwnServer::start(&[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+        .await
+        else {
+            return;
+        };
+        let q = Arc::new(
+            RedisStream::connect(&server.url(), opts("orders", "w", 500))
+                .await
+                .unwrap(),
+        );
+        let sent = msgs(400, "ORD");
+        q.publish_batch(&sent).await.unwrap();
+        let store = MemoryStore::new();
+        let consumer = Consumer::new(
+            ConsumerOptions::new("shipping").batch_size(10),
+            q.clone(),
+            store.clone(),
+            Record,
+        )
+        .unwrap();
+        let probe = store.clone();
+        let running = tokio::spawn(async move {
+            consumer
+                .run_until(async move {
+                    while probe.effects().len() < 400 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+        });
+        while store.effects().len() < 100 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        server.restart().await;
+        let at_restart = store.effects().len();
+        assert!(
+            at_restart < 400,
+            "the restart came mid-run ({at_restart} applied)"
+        );
+        tokio::time::timeout(Duration::from_secs(60), running)
+            .await
+            .expect("the consumer finished after the restart")
+            .unwrap()
+            .unwrap();
+        let ids: Vec<String> = (0..400).map(|i| format!("ORD-{i}")).collect();
+        let verdict = Effects::count(store.effects()).check(ids.iter().map(String::as_str));
+        assert_eq!(
+            (verdict.lost, verdict.duplicate_effects),
+            (0, 0),
+            "{verdict:?}"
+        );
+    }
+
+    /// Nothing listens: a clear error naming the server without its password.
+    #[tokio::test]
+    async fn an_unreachable_server_is_a_clear_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("redis://:s3cret@127.0.0.1:{port}");
+        let err = RedisStream::connect(&url, opts("x", "w", 1000))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Connect, "{err}");
+        assert!(!err.to_chain_string().contains("s3cret"));
+    }
+}
