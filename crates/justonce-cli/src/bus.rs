@@ -113,7 +113,23 @@ impl Bus {
         prefetch: u16,
         topology: &Topology,
     ) -> Result<Self> {
-        let opts = Self::options(queue, lease, prefetch, topology)?;
+        Self::open_as(url, queue, lease, prefetch, topology, None).await
+    }
+
+    /// [`Bus::open`] under a consumer name of its own in a Redis stream's group (`None`:
+    /// the host name and the process id).
+    pub(crate) async fn open_as(
+        url: &str,
+        queue: &str,
+        lease: Duration,
+        prefetch: u16,
+        topology: &Topology,
+        name: Option<&str>,
+    ) -> Result<Self> {
+        let mut opts = Self::options(queue, lease, prefetch, topology)?;
+        if let Some(name) = name {
+            opts = opts.consumer_name(name);
+        }
         Ok(Bus {
             transport: Transport::open_consumer(url, queue, &opts).await?,
         })

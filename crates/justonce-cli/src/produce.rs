@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use justonce::backend::StoreKind;
+use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::OutboxStore;
 
@@ -42,6 +43,7 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         StoreKind::Sqlite => run_on::<SqliteStore>(args).await,
         StoreKind::Postgres => run_on::<PgStore>(args).await,
         StoreKind::MySql => run_on::<MySqlStore>(args).await,
+        StoreKind::Redis => run_on::<RedisStore>(args).await,
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use justonce::backend::StoreKind;
+use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{
     async_trait, Consumer, ConsumerOptions, DeadLetterReason, Delivery, FaultHook, FaultPoint,
@@ -73,6 +74,12 @@ pub(crate) struct WorkerArgs {
     /// (port 0: any free port, printed on stderr).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// This worker's name in a Redis stream's consumer group (default: the host name and
+    /// the process id). A name that survives restarts (a pod's, a slot's) lets a restarted
+    /// worker take its own pending entries back at once instead of after their lease; no
+    /// two live workers may share one.
+    #[arg(long, value_name = "NAME")]
+    consumer_name: Option<String>,
     /// With --metrics-addr: read the dead-letter and dedup-record gauges from the transport
     /// and the store this often, in seconds (0: never).
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -87,18 +94,20 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         StoreKind::Sqlite => run_on::<SqliteStore>(args).await,
         StoreKind::Postgres => run_on::<PgStore>(args).await,
         StoreKind::MySql => run_on::<MySqlStore>(args).await,
+        StoreKind::Redis => run_on::<RedisStore>(args).await,
     }
 }
 
 async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch = (args.batch_size * 2).min(usize::from(u16::MAX)) as u16;
-    let queue = crate::bus::Bus::open(
+    let queue = crate::bus::Bus::open_as(
         &args.transport,
         &args.queue,
         lease,
         prefetch,
         &args.topology,
+        args.consumer_name.as_deref(),
     )
     .await?;
     let tables = Tables::new(&args.tables)?;

@@ -25,6 +25,8 @@
 mod claims;
 mod connection;
 mod error;
+#[cfg(feature = "harness")]
+pub mod harness;
 mod scan;
 mod server;
 mod store;

@@ -482,6 +482,102 @@ impl DedupStore for RedisStore {
     }
 }
 
+/// What tools read in a Redis store (`justonce dedup`, `justonce doctor`): the dedup keys
+/// under the prefix, counted per consumer with one `SCAN`; a record by its key; the
+/// server's clock. Records go by key expiry, so a purge has rarely anything to do.
+#[async_trait]
+impl justonce_core::InspectStore for RedisStore {
+    async fn dedup_stats(&self) -> Result<Vec<justonce_core::ConsumerRecords>> {
+        let mut conn = self.conn.clone();
+        let head = format!("{}dedup:", self.opts.prefix);
+        let mut per: std::collections::BTreeMap<String, (u64, Option<u64>)> = Default::default();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{head}*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| redis("scanning the dedup keys", e))?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for k in &keys {
+                    pipe.cmd("HGET").arg(k).arg("at");
+                }
+                let ats: Vec<Option<u64>> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| redis("reading the dedup records", e))?;
+                for (k, at) in keys.iter().zip(ats) {
+                    let Some(consumer) = consumer_of(&k[head.len()..]) else {
+                        continue;
+                    };
+                    let e = per.entry(consumer.to_owned()).or_default();
+                    e.0 += 1;
+                    e.1 = match (e.1, at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(per
+            .into_iter()
+            .map(|(c, (n, oldest))| justonce_core::ConsumerRecords::new(c, n, oldest.map(at_ms)))
+            .collect())
+    }
+
+    async fn dedup_record(&self, key: DedupKey<'_>) -> Result<Option<justonce_core::DedupRecord>> {
+        let (fp, at): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+            .arg(self.key_of(key))
+            .arg("fp")
+            .arg("at")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| redis("reading a dedup record", e))?;
+        let Some(fp) = fp else { return Ok(None) };
+        let fp = Fingerprint::from_hex(&fp).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Schema,
+                format!("the dedup record {} holds no fingerprint", self.key_of(key)),
+            )
+        })?;
+        Ok(Some(justonce_core::DedupRecord::new(fp, at.map(at_ms))))
+    }
+
+    async fn purge_records(&self, retention: Duration, batch: u32) -> Result<u64> {
+        DedupStore::purge(self, retention, batch).await
+    }
+
+    async fn clock(&self) -> Result<Option<std::time::SystemTime>> {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| redis("reading the server's clock", e))?;
+        Ok(Some(
+            std::time::UNIX_EPOCH + Duration::from_secs(s) + Duration::from_micros(us),
+        ))
+    }
+}
+
+/// The consumer in the rest of a dedup key after `dedup:` (`{len}:{consumer}:{id}`).
+fn consumer_of(rest: &str) -> Option<&str> {
+    let (len, tail) = rest.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    tail.get(..len)
+}
+
+fn at_ms(ms: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Backends chosen by URL, in one place.
 //!
-//! A URL names a transport (`sqlite:`, `postgres://`, `amqp://`) or a store (`sqlite:`,
+//! A URL names a transport (`sqlite:`, `postgres://`, `amqp://`, `redis://`) or a store (`sqlite:`,
 //! `postgres://`, `mysql://`). [`TransportKind::from_url`] and [`StoreKind::from_url`] parse
 //! it into a kind, with one error that names every supported scheme and the cargo feature
 //! each needs; [`Transport::open_consumer`] and [`Transport::open_publisher`] open the transport as
@@ -28,13 +28,15 @@ use justonce_core::{
 
 /// Every transport scheme, with its feature: for the error that lists them.
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
-    postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`) or \
-    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`)";
+    postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`), \
+    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`) or \
+    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`)";
 
 /// Every store scheme, with its feature.
 const STORES: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
-    postgres://USER@HOST:PORT/DB (feature `postgres`) or \
-    mysql://USER@HOST:PORT/DB (MariaDB or MySQL, feature `mysql`)";
+    postgres://USER@HOST:PORT/DB (feature `postgres`), \
+    mysql://USER@HOST:PORT/DB (MariaDB or MySQL, feature `mysql`) or \
+    redis://[:PASS@]HOST:PORT[/DB] (effects kept in Redis, feature `redis`)";
 
 /// A transport, as its URL names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,6 +47,8 @@ pub enum TransportKind {
     Postgres,
     /// `amqp://` or `amqps://`: RabbitMQ.
     Amqp,
+    /// `redis://` or `rediss://`: a Redis stream with a consumer group.
+    Redis,
 }
 
 /// A store (business data and dedup records), as its URL names it.
@@ -56,6 +60,8 @@ pub enum StoreKind {
     Postgres,
     /// `mysql://` or `mariadb://`: MariaDB or MySQL.
     MySql,
+    /// `redis://` or `rediss://`: effects and dedup records kept in Redis.
+    Redis,
 }
 
 fn scheme_of(url: &str) -> &str {
@@ -78,6 +84,7 @@ impl TransportKind {
             "sqlite" => TransportKind::Sqlite,
             "postgres" | "postgresql" => TransportKind::Postgres,
             "amqp" | "amqps" => TransportKind::Amqp,
+            "redis" | "rediss" => TransportKind::Redis,
             "mysql" | "mariadb" => {
                 return Err(Error::config(format!(
                     "`{}` names a store, not a transport: MariaDB holds business data and dedup \
@@ -87,8 +94,8 @@ impl TransportKind {
             }
             other => {
                 return Err(Error::config(format!(
-                    "the {other} transport is not built yet: use {TRANSPORTS}; NATS JetStream, \
-                     Redis and Kafka transports are planned"
+                    "the {other} transport is not built yet: use {TRANSPORTS}; NATS JetStream \
+                     and Kafka transports are planned"
                 )))
             }
         };
@@ -108,6 +115,7 @@ impl TransportKind {
             TransportKind::Sqlite => "sqlite",
             TransportKind::Postgres => "postgres",
             TransportKind::Amqp => "amqp",
+            TransportKind::Redis => "redis",
         }
     }
 
@@ -117,6 +125,7 @@ impl TransportKind {
             TransportKind::Sqlite => "sqlite",
             TransportKind::Postgres => "postgres",
             TransportKind::Amqp => "amqp",
+            TransportKind::Redis => "redis",
         }
     }
 
@@ -125,6 +134,7 @@ impl TransportKind {
             TransportKind::Sqlite => cfg!(feature = "sqlite"),
             TransportKind::Postgres => cfg!(feature = "postgres"),
             TransportKind::Amqp => cfg!(feature = "amqp"),
+            TransportKind::Redis => cfg!(feature = "redis"),
         }
     }
 }
@@ -144,6 +154,7 @@ impl StoreKind {
             "sqlite" => StoreKind::Sqlite,
             "postgres" | "postgresql" => StoreKind::Postgres,
             "mysql" | "mariadb" => StoreKind::MySql,
+            "redis" | "rediss" => StoreKind::Redis,
             other => {
                 return Err(Error::config(format!(
                     "the {other} store is not supported: use {STORES}"
@@ -166,6 +177,7 @@ impl StoreKind {
             StoreKind::Sqlite => "sqlite",
             StoreKind::Postgres => "postgres",
             StoreKind::MySql => "mysql",
+            StoreKind::Redis => "redis",
         }
     }
 
@@ -175,6 +187,7 @@ impl StoreKind {
             StoreKind::Sqlite => "sqlite",
             StoreKind::Postgres => "postgres",
             StoreKind::MySql => "mysql",
+            StoreKind::Redis => "redis",
         }
     }
 
@@ -183,6 +196,7 @@ impl StoreKind {
             StoreKind::Sqlite => cfg!(feature = "sqlite"),
             StoreKind::Postgres => cfg!(feature = "postgres"),
             StoreKind::MySql => cfg!(feature = "mysql"),
+            StoreKind::Redis => cfg!(feature = "redis"),
         }
     }
 }
@@ -203,6 +217,10 @@ pub struct TransportOptions {
     /// RabbitMQ's topology; `None`: `AmqpOptions::new(queue)`.
     #[cfg(feature = "amqp")]
     pub amqp: Option<justonce_amqp::AmqpOptions>,
+    /// This consumer's name in a Redis stream's group; `None`: the host name and the
+    /// process id. Give a worker a name that survives its restarts (it then takes its own
+    /// pending entries back at once), and never two live workers the same one.
+    pub consumer_name: Option<String>,
 }
 
 impl Default for TransportOptions {
@@ -214,6 +232,7 @@ impl Default for TransportOptions {
             create: true,
             #[cfg(feature = "amqp")]
             amqp: None,
+            consumer_name: None,
         }
     }
 }
@@ -234,6 +253,12 @@ impl TransportOptions {
     /// Sets [`TransportOptions::create`].
     pub fn create(mut self, create: bool) -> Self {
         self.create = create;
+        self
+    }
+
+    /// Sets [`TransportOptions::consumer_name`].
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.consumer_name = Some(name.into());
         self
     }
 
@@ -275,6 +300,15 @@ pub async fn inspect_store(url: &str, dedup_table: &str) -> Result<Arc<dyn Inspe
                 .create(false);
             Ok(Arc::new(justonce_sql::MySqlStore::open_with(url, o).await?))
         }
+        // A Redis store has no table: `dedup_table` names its key prefix, `NAME:` (the
+        // default prefix `jo:` is `jo`).
+        #[cfg(feature = "redis")]
+        StoreKind::Redis => {
+            let o = justonce_redis::RedisStoreOptions::default().prefix(format!("{dedup_table}:"));
+            Ok(Arc::new(
+                justonce_redis::RedisStore::connect_with(url, o).await?,
+            ))
+        }
         #[allow(unreachable_patterns)]
         kind => Err(Error::config(format!(
             "the {} store needs justonce's `{}` feature",
@@ -312,6 +346,10 @@ pub async fn inspect_outbox(url: &str, table: &str) -> Result<Arc<dyn InspectOut
             let store = justonce_sql::MySqlStore::open_with(url, s).await?;
             Ok(Arc::new(store.outbox_with(o).await?))
         }
+        StoreKind::Redis if cfg!(feature = "redis") => Err(Error::config(
+            "a Redis store has no outbox: an outbox is written in the business database's \
+             transaction (SQLite, PostgreSQL, MariaDB); its relay can publish to a Redis stream",
+        )),
         #[allow(unreachable_patterns)]
         kind => Err(Error::config(format!(
             "the {} store needs justonce's `{}` feature",
@@ -338,6 +376,11 @@ pub async fn inspect_claims(url: &str, table: &str) -> Result<Arc<dyn InspectCla
         #[cfg(feature = "mysql")]
         StoreKind::MySql => Ok(Arc::new(
             justonce_sql::MySqlClaimStore::open(url, table).await?,
+        )),
+        StoreKind::Redis if cfg!(feature = "redis") => Err(Error::config(
+            "tools read SQL claim stores; a Redis claim is a hash at \
+             RedisClaimStore::key_of (`redis-cli HGETALL` shows it), and it frees itself when \
+             its lease runs out",
         )),
         #[allow(unreachable_patterns)]
         kind => Err(Error::config(format!(
@@ -453,6 +496,23 @@ impl Transport {
                     })
                 }
             }
+            #[cfg(feature = "redis")]
+            TransportKind::Redis => {
+                let mut o = justonce_redis::RedisStreamOptions::new(queue)
+                    .lease(opts.lease)
+                    .create(opts.create);
+                if let Some(name) = &opts.consumer_name {
+                    o = o.consumer(name.clone());
+                }
+                let q = Arc::new(justonce_redis::RedisStream::connect(url, o).await?);
+                Ok(Transport {
+                    kind,
+                    source: consume.then(|| q.clone() as Arc<dyn Source>),
+                    publisher: q.clone(),
+                    inspect: q,
+                    tx_ack: None,
+                })
+            }
             #[allow(unreachable_patterns)]
             _ => Err(Error::config(format!(
                 "the {} transport needs justonce's `{}` feature",
@@ -523,6 +583,8 @@ pub enum LocalService {
     Postgres,
     /// MariaDB: `JUSTONCE_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`.
     MariaDb,
+    /// Redis: `JUSTONCE_REDIS_URL`, default `redis://127.0.0.1:6379`.
+    Redis,
 }
 
 impl LocalService {
@@ -532,6 +594,7 @@ impl LocalService {
             LocalService::RabbitMq => "RabbitMQ",
             LocalService::Postgres => "PostgreSQL",
             LocalService::MariaDb => "MariaDB",
+            LocalService::Redis => "Redis",
         }
     }
 
@@ -541,6 +604,7 @@ impl LocalService {
             LocalService::RabbitMq => "JUSTONCE_AMQP_URL",
             LocalService::Postgres => "JUSTONCE_POSTGRES_URL",
             LocalService::MariaDb => "JUSTONCE_MYSQL_URL",
+            LocalService::Redis => "JUSTONCE_REDIS_URL",
         }
     }
 
@@ -550,6 +614,7 @@ impl LocalService {
             LocalService::RabbitMq => "127.0.0.1:5672",
             LocalService::Postgres => "127.0.0.1:5432",
             LocalService::MariaDb => "127.0.0.1:3306",
+            LocalService::Redis => "127.0.0.1:6379",
         }
     }
 
@@ -560,6 +625,7 @@ impl LocalService {
                 LocalService::RabbitMq => "amqp://guest:guest@127.0.0.1:5672/%2f",
                 LocalService::Postgres => "postgres://postgres@127.0.0.1:5432/test",
                 LocalService::MariaDb => "mysql://root@127.0.0.1:3306/test",
+                LocalService::Redis => "redis://127.0.0.1:6379",
             }
             .to_owned()
         })

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use justonce_core::{Check, Error, ErrorKind, Result};
 
-use crate::backend::{TransportKind, TransportOptions};
+use crate::backend::{StoreKind, TransportKind, TransportOptions};
 
 /// The transport's links for `queue`: it exists, it is durable, its dead letters have
 /// somewhere to go, publishes are confirmed. On RabbitMQ `opts.amqp` is the topology to
@@ -67,6 +67,16 @@ pub async fn check_transport(
                 None => justonce_amqp::AmqpOptions::new(queue),
             };
             justonce_amqp::check(url, &o).await
+        }
+        #[cfg(feature = "redis")]
+        TransportKind::Redis => {
+            let o = justonce_redis::RedisStreamOptions::new(queue)
+                .lease(opts.lease)
+                .create(false);
+            match justonce_redis::RedisStream::connect(url, o).await {
+                Ok(q) => q.check().await,
+                Err(e) => missing(e),
+            }
         }
         #[allow(unreachable_patterns)]
         _ => Err(Error::config(format!(
@@ -135,6 +145,13 @@ pub async fn check_store(url: &str, dedup_table: &str) -> Result<Vec<Check>> {
         } else {
             Check::pass("store clock", format!("within {ms} ms of this machine's"))
         });
+    }
+    // What a Redis store's server keeps on disk and may evict decides whether a record
+    // outlives a restart or memory pressure.
+    #[cfg(feature = "redis")]
+    if StoreKind::from_url(url)? == StoreKind::Redis {
+        let s = justonce_redis::RedisStore::connect(url).await?;
+        out.extend(s.server().checks());
     }
     Ok(out)
 }

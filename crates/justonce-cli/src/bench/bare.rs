@@ -1,5 +1,6 @@
 //! The bare baselines: the same business write per message with no justonce runtime, on a
-//! SQL queue through its own calls, and on RabbitMQ through lapin directly.
+//! SQL queue through its own calls, on RabbitMQ through lapin and on a Redis stream through
+//! redis-rs directly.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,4 +129,123 @@ pub(crate) async fn bare_amqp<B: Bank>(
         let _ = conn.close(200, "bench done".into()).await;
         Ok(())
     }))
+}
+
+/// The bare baseline on a Redis stream: redis-rs directly. Per batch loop a connection of
+/// its own, `XREADGROUP … COUNT batch BLOCK 100 … >` (then a 5 ms linger and one more
+/// non-blocking read, as the runtime does), one transaction of the store per batch, then
+/// one `XACK` of the batch's entries. No heartbeat, no takeover, no retries, no dead
+/// letters: a failure ends the run.
+pub(crate) async fn bare_redis<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    clock: Arc<Clock>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    use redis::Value;
+
+    let opts = justonce::redis::RedisStreamOptions::new(args.name.as_str());
+    let client = redis::Client::open(args.transport.as_str()).context("a Redis URL")?;
+    let mut tasks = Vec::new();
+    for slot in 0..args.concurrency {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .context("connecting to Redis")?;
+        let (stream, group) = (opts.stream.clone(), opts.group.clone());
+        let consumer = format!("bare-{slot}");
+        let (bank, tables, clock, stop) =
+            (bank.clone(), tables.clone(), clock.clone(), stop.clone());
+        let batch = args.batch;
+        tasks.push(tokio::spawn(async move {
+            // (entry id, payload) of each entry a read answered.
+            let read = |conn: &mut redis::aio::MultiplexedConnection, count: usize, block: u64| {
+                let mut cmd = redis::cmd("XREADGROUP");
+                cmd.arg("GROUP")
+                    .arg(&group)
+                    .arg(&consumer)
+                    .arg("COUNT")
+                    .arg(count);
+                if block > 0 {
+                    cmd.arg("BLOCK").arg(block);
+                }
+                cmd.arg("STREAMS").arg(&stream).arg(">");
+                let mut conn = conn.clone();
+                async move {
+                    let reply: Value = cmd.query_async(&mut conn).await?;
+                    anyhow::Ok(entries(reply))
+                }
+            };
+            while !*stop.borrow() {
+                let mut ds = read(&mut conn, batch, 100).await?;
+                if ds.is_empty() {
+                    continue;
+                }
+                if ds.len() < batch {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ds.extend(read(&mut conn, batch - ds.len(), 0).await?);
+                }
+                let mut tx = bank.begin_direct().await?;
+                let mut ids = Vec::with_capacity(ds.len());
+                for (_, payload) in &ds {
+                    let p: Payment = serde_json::from_slice(payload)?;
+                    ids.push(p.order_id.clone());
+                    B::pay(&mut tx, &tables, &p).await?;
+                }
+                B::commit_direct(tx).await?;
+                clock.committed(ids.iter().map(String::as_str));
+                let mut ack = redis::cmd("XACK");
+                ack.arg(&stream).arg(&group);
+                for (entry, _) in &ds {
+                    ack.arg(entry);
+                }
+                let _: u64 = ack.query_async(&mut conn).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    Ok(tokio::spawn(async move {
+        for t in tasks {
+            t.await??;
+        }
+        Ok(())
+    }))
+}
+
+/// The entries of an `XREADGROUP` reply (RESP2: `[[stream, [[id, [field, value, …]], …]]]`,
+/// nil when nothing came), as (entry id, the `payload` field).
+fn entries(reply: redis::Value) -> Vec<(String, Vec<u8>)> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    let Value::Array(streams) = reply else {
+        return out;
+    };
+    for s in streams {
+        let Value::Array(s) = s else { continue };
+        let Some(Value::Array(list)) = s.get(1) else {
+            continue;
+        };
+        for e in list {
+            let Value::Array(e) = e else { continue };
+            let (Some(id), Some(Value::Array(fields))) = (e.first().and_then(text), e.get(1))
+            else {
+                continue;
+            };
+            let payload = fields
+                .chunks(2)
+                .find(|kv| kv.first().and_then(text).as_deref() == Some(b"payload"))
+                .and_then(|kv| kv.get(1).and_then(text));
+            if let Some(payload) = payload {
+                out.push((String::from_utf8_lossy(&id).into_owned(), payload));
+            }
+        }
+    }
+    out
 }

@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Message, Semantics};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::bare::{bare_amqp, bare_source};
+use super::bare::{bare_amqp, bare_redis, bare_source};
 use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
 use super::server::{deadlocks, settle};
 use super::Variant;
@@ -170,12 +171,14 @@ pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
             StoreKind::Sqlite => consume::<SqliteStore>(&args).await,
             StoreKind::Postgres => consume::<PgStore>(&args).await,
             StoreKind::MySql => consume::<MySqlStore>(&args).await,
+            StoreKind::Redis => consume::<RedisStore>(&args).await,
         };
     }
     let result = match StoreKind::from_url(&args.store)? {
         StoreKind::Sqlite => run_with::<SqliteStore>(&args).await,
         StoreKind::Postgres => run_with::<PgStore>(&args).await,
         StoreKind::MySql => run_with::<MySqlStore>(&args).await,
+        StoreKind::Redis => run_with::<RedisStore>(&args).await,
     }?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -502,6 +505,11 @@ async fn start<B: Bank>(
         }
     };
     let semantics = match args.variant {
+        Variant::Bare if Bus::kind_of(&args.transport)? == TransportKind::Redis => {
+            // The stream and its group exist: the bus made them.
+            drop(bus);
+            return bare_redis(args, bank, tables, clock, stop).await;
+        }
         Variant::Bare => {
             let mut tasks = Vec::new();
             for _ in 0..args.concurrency {

@@ -31,7 +31,7 @@ pub(crate) async fn deadlocks(store: &str) -> anyhow::Result<Option<u64>> {
             c.close().await?;
             Some(n.parse()?)
         }
-        StoreKind::Sqlite => None,
+        StoreKind::Sqlite | StoreKind::Redis => None,
     })
 }
 
@@ -51,13 +51,13 @@ pub(crate) async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
         match StoreKind::from_url(&args.store)? {
             StoreKind::Postgres => dbs.push((&args.store, Db::Postgres { queue: false })),
             StoreKind::Sqlite => dbs.push((&args.store, Db::Sqlite)),
-            StoreKind::MySql => {}
+            StoreKind::MySql | StoreKind::Redis => {}
         }
     }
     match Bus::kind_of(&args.transport)? {
         TransportKind::Postgres => dbs.push((&args.transport, Db::Postgres { queue: true })),
         TransportKind::Sqlite => dbs.push((&args.transport, Db::Sqlite)),
-        TransportKind::Amqp => {}
+        TransportKind::Amqp | TransportKind::Redis => {}
     }
     for (url, db) in dbs {
         match db {

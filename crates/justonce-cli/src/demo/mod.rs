@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use justonce::backend::{StoreKind, TransportKind};
+use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{Consumer, ConsumerOptions, Semantics};
 
@@ -123,6 +124,25 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         Some(url) => StoreKind::from_url(url)?,
         None => StoreKind::Sqlite,
     };
+    // Refused before any row runs: the SQL-only strategies need a table to guard.
+    if store == StoreKind::Redis
+        && matches!(
+            args.strategy,
+            Strategy::UniqueKey | Strategy::StateMachine | Strategy::Version
+        )
+    {
+        bail!(
+            "--strategy {} needs a SQL store (it guards a row); with --store redis:// use \
+             dedup-table (the dedup key commits with the Redis writes) or claim",
+            args.strategy.as_str()
+        );
+    }
+    if store == StoreKind::Redis && args.pipeline == Pipeline::TwoHop {
+        bail!(
+            "--pipeline two-hop needs a SQL store: its receipts leave through an outbox \
+             written in the payment's transaction"
+        );
+    }
     let tmp = tempfile::Builder::new()
         .prefix("justonce-demo-")
         .tempdir()?;
@@ -174,6 +194,9 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
             StoreKind::MySql => {
                 run_one::<MySqlStore>(&args, &plan, variant, &target, &dir, &run_id).await
+            }
+            StoreKind::Redis => {
+                run_one::<RedisStore>(&args, &plan, variant, &target, &dir, &run_id).await
             }
         }
         .with_context(|| format!("the {} run failed", variant.name()))?;
@@ -258,7 +281,7 @@ async fn run_one<B: Bank>(
     opts.dedup.claim_lease = Duration::from_millis(args.lease_ms);
     opts.batching.size = args.batch_size;
     opts.batching.concurrency = args.concurrency.unwrap_or(match B::KIND {
-        StoreKind::Sqlite => 2,
+        StoreKind::Sqlite | StoreKind::Redis => 2,
         StoreKind::Postgres | StoreKind::MySql => 1,
     });
     opts.retry.seed = args.seed;
@@ -269,7 +292,7 @@ async fn run_one<B: Bank>(
     if args.strategy == Strategy::Claim {
         let url = match B::KIND {
             StoreKind::Sqlite => sqlite_in("claims.db"),
-            StoreKind::Postgres | StoreKind::MySql => target.store.clone(),
+            StoreKind::Postgres | StoreKind::MySql | StoreKind::Redis => target.store.clone(),
         };
         consumer = consumer.with_claims(store.claims(&url, &tables).await?)?;
     }

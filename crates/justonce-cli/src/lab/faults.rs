@@ -45,6 +45,7 @@ impl FaultClass {
         schema: &SchemaFault,
         busy: &Arc<AtomicUsize>,
         lease: Duration,
+        own_redis: Option<&mut justonce_redis::harness::OwnServer>,
         rng: &mut fastrand::Rng,
         counts: &mut FaultCounts,
     ) -> String {
@@ -94,6 +95,15 @@ impl FaultClass {
                 format!("blackhole {:.1}s", span.as_secs_f64())
             }
             FaultClass::BrokerRestart => {
+                if let Some(server) = own_redis {
+                    server.kill().await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    match server.restart().await {
+                        Ok(()) => counts.broker_restarts += 1,
+                        Err(e) => eprintln!("lab: the lab's redis-server did not come back: {e}"),
+                    }
+                    return "redis restart (SIGKILL)".into();
+                }
                 let stopped = rabbitmqctl("stop_app").await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let started = rabbitmqctl("start_app").await;
@@ -183,7 +193,7 @@ impl SchemaFault {
                     .await?;
                 c.close().await?;
             }
-            StoreKind::Sqlite => {
+            StoreKind::Sqlite | StoreKind::Redis => {
                 anyhow::bail!("the schema fault needs a PostgreSQL or MariaDB store")
             }
         }

@@ -5,7 +5,8 @@
 //! Faults: SIGKILL of a worker at a chosen point of its batch (announced by the worker's
 //! fault hook, `JUSTONCE_FAULT_PAUSE`), SIGSTOP/SIGCONT longer than the lease, a TCP proxy
 //! between the processes and the services (cut every connection, add delay, black-hole),
-//! RabbitMQ `stop_app`/`start_app`, a PostgreSQL restart, a business table renamed away for
+//! RabbitMQ `stop_app`/`start_app`, a crash and restart of a `redis-server` the lab started
+//! itself, a PostgreSQL restart, a business table renamed away for
 //! a few seconds (a deploy whose migration is missing), and duplicate publishes (the plan's,
 //! and every re-send after a failed publish).
 
@@ -44,7 +45,9 @@ pub(crate) enum FaultClass {
     Delay,
     /// The TCP proxy forwards nothing for three leases, refusing nothing either.
     Blackhole,
-    /// RabbitMQ `stop_app`, 2 s, `start_app`.
+    /// RabbitMQ `stop_app`, 2 s, `start_app`; on Redis, a SIGKILL of the lab's own
+    /// `redis-server` (`appendonly yes`, `appendfsync always`; never the machine's), 2 s,
+    /// and a start on the same port and directory.
     BrokerRestart,
     /// `pg_ctlcluster … restart` of PostgreSQL.
     DbRestart,
@@ -53,8 +56,8 @@ pub(crate) enum FaultClass {
     Schema,
     /// The orders placed through a producer outbox and published by two relay processes:
     /// a relay killed between its confirm and its mark (a duplicate at the broker), the
-    /// producer killed right after a commit, the broker (RabbitMQ, or PostgreSQL as the
-    /// transport) restarted while the relays publish.
+    /// producer killed right after a commit, the broker (RabbitMQ, the lab's own Redis, or
+    /// PostgreSQL as the transport) restarted while the relays publish.
     Relay,
 }
 
@@ -88,14 +91,19 @@ impl FaultClass {
     /// Whether the class can hit a pipeline on `transport` and `store`.
     pub(crate) fn applies(self, transport: TransportKind, store: StoreKind) -> bool {
         let networked = transport != TransportKind::Sqlite || store != StoreKind::Sqlite;
+        let sql_store = store != StoreKind::Redis;
         match self {
-            FaultClass::Kill | FaultClass::Pause | FaultClass::Relay => true,
+            FaultClass::Kill | FaultClass::Pause => true,
+            // The producer's outbox lives in a SQL store.
+            FaultClass::Relay => sql_store,
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
-            FaultClass::BrokerRestart => transport == TransportKind::Amqp,
+            FaultClass::BrokerRestart => {
+                matches!(transport, TransportKind::Amqp | TransportKind::Redis)
+            }
             FaultClass::DbRestart => {
                 transport == TransportKind::Postgres || store == StoreKind::Postgres
             }
-            FaultClass::Schema => store != StoreKind::Sqlite,
+            FaultClass::Schema => matches!(store, StoreKind::Postgres | StoreKind::MySql),
         }
     }
 }
@@ -132,11 +140,16 @@ pub(crate) struct LabArgs {
     #[arg(long, default_value_t = 1000)]
     lease_ms: u64,
     /// Run every fault class against every transport/store pair that is reachable, one line
-    /// each, and a summary (SQLite, RabbitMQ and PostgreSQL transports; SQLite, PostgreSQL and
-    /// MariaDB stores, at their default local URLs or JUSTONCE_AMQP_URL, JUSTONCE_POSTGRES_URL,
-    /// JUSTONCE_MYSQL_URL).
+    /// each, and a summary (SQLite, RabbitMQ, PostgreSQL and Redis transports; SQLite,
+    /// PostgreSQL, MariaDB and Redis stores, at their default local URLs or
+    /// JUSTONCE_AMQP_URL, JUSTONCE_POSTGRES_URL, JUSTONCE_MYSQL_URL, JUSTONCE_REDIS_URL).
     #[arg(long)]
     matrix: bool,
+    /// With --matrix, a sample of it: every fault class on each transport with one store
+    /// (PostgreSQL when it is up), and every other store with one fault (a cut, or a kill
+    /// where nothing is networked) plus the schema fault where it applies.
+    #[arg(long, requires = "matrix")]
+    sample: bool,
     /// Print one JSON object on stdout (with --matrix: one per line, then the summary).
     #[arg(long)]
     json: bool,
@@ -264,43 +277,37 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let amqp = local(LocalService::RabbitMq);
     let pg = local(LocalService::Postgres);
     let my = local(LocalService::MariaDb);
+    let redis = local(LocalService::Redis);
     // `None` is the embedded SQLite default; an unreachable service is left out.
     let transports: Vec<Option<String>> = [None]
         .into_iter()
-        .chain([amqp, pg.clone()].into_iter().flatten().map(Some))
+        .chain(
+            [amqp, pg.clone(), redis.clone()]
+                .into_iter()
+                .flatten()
+                .map(Some),
+        )
         .collect();
     let stores: Vec<Option<String>> = [None]
         .into_iter()
-        .chain([pg, my].into_iter().flatten().map(Some))
+        .chain([pg, my, redis].into_iter().flatten().map(Some))
         .collect();
     let mut reports = Vec::new();
-    for transport in &transports {
-        for store in &stores {
-            let t_kind = transport
-                .as_deref()
-                .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)?;
-            let s_kind = store
-                .as_deref()
-                .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)?;
-            for class in FaultClass::ALL {
-                if !class.applies(t_kind, s_kind)
-                    || (!args.faults.is_empty() && !args.faults.contains(&class))
-                {
-                    continue;
-                }
-                let scenario = Scenario::new(&args, transport.clone(), store.clone(), vec![class])?;
-                let report = match scenario.run(&exe, false, None).await {
-                    Ok(r) => r,
-                    Err(e) => scenario.failed(format!("{e:#}")),
-                };
-                if args.json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    println!("{}", line(&report));
-                }
-                reports.push(report);
-            }
+    for (transport, store, class) in matrix(&transports, &stores, args.sample)? {
+        if !args.faults.is_empty() && !args.faults.contains(&class) {
+            continue;
         }
+        let scenario = Scenario::new(&args, transport, store, vec![class])?;
+        let report = match scenario.run(&exe, false, None).await {
+            Ok(r) => r,
+            Err(e) => scenario.failed(format!("{e:#}")),
+        };
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            println!("{}", line(&report));
+        }
+        reports.push(report);
     }
     let passed = reports.iter().filter(|r| r.verdict == "pass").count();
     if args.json {
@@ -315,6 +322,70 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         std::process::exit(2);
     }
     Ok(())
+}
+
+/// A transport URL, a store URL (`None`: the embedded SQLite default) and a fault class.
+type Cell = (Option<String>, Option<String>, FaultClass);
+
+/// The matrix's scenarios: every class that applies to every pair, or (`sample`) every
+/// class on each transport with one store (PostgreSQL when it is there), and each other
+/// store with one fault on the default transport (a cut, or a kill where nothing is
+/// networked) and the schema fault where it applies.
+fn matrix(
+    transports: &[Option<String>],
+    stores: &[Option<String>],
+    sample: bool,
+) -> anyhow::Result<Vec<Cell>> {
+    let t_kind = |t: &Option<String>| {
+        t.as_deref()
+            .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)
+    };
+    let s_kind = |s: &Option<String>| {
+        s.as_deref()
+            .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)
+    };
+    let mut out = Vec::new();
+    let every =
+        |t: &Option<String>, s: &Option<String>, out: &mut Vec<Cell>| -> anyhow::Result<()> {
+            let (tk, sk) = (t_kind(t)?, s_kind(s)?);
+            for class in FaultClass::ALL {
+                if class.applies(tk, sk) {
+                    out.push((t.clone(), s.clone(), class));
+                }
+            }
+            Ok(())
+        };
+    if !sample {
+        for t in transports {
+            for s in stores {
+                every(t, s, &mut out)?;
+            }
+        }
+        return Ok(out);
+    }
+    let mut home = &stores[0];
+    for s in stores {
+        if s_kind(s)? == StoreKind::Postgres {
+            home = s;
+        }
+    }
+    for t in transports {
+        every(t, home, &mut out)?;
+    }
+    let default_transport = &transports[0];
+    for s in stores.iter().filter(|s| *s != home) {
+        let (tk, sk) = (t_kind(default_transport)?, s_kind(s)?);
+        let one = if FaultClass::Cut.applies(tk, sk) {
+            FaultClass::Cut
+        } else {
+            FaultClass::Kill
+        };
+        out.push((default_transport.clone(), s.clone(), one));
+        if FaultClass::Schema.applies(tk, sk) {
+            out.push((default_transport.clone(), s.clone(), FaultClass::Schema));
+        }
+    }
+    Ok(out)
 }
 
 /// One line of the matrix.
@@ -400,4 +471,79 @@ fn table(reports: &[LabReport]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn urls() -> (Vec<Option<String>>, Vec<Option<String>>) {
+        let amqp = Some("amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        let pg = Some("postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let my = Some("mysql://root@127.0.0.1:3306/test".to_owned());
+        let redis = Some("redis://127.0.0.1:6379".to_owned());
+        (
+            vec![None, amqp, pg.clone(), redis.clone()],
+            vec![None, pg, my, redis],
+        )
+    }
+
+    fn kinds(cells: &[Cell]) -> Vec<(TransportKind, StoreKind, FaultClass)> {
+        cells
+            .iter()
+            .map(|(t, s, c)| {
+                (
+                    t.as_deref().map_or(TransportKind::Sqlite, |u| {
+                        TransportKind::from_url(u).unwrap()
+                    }),
+                    s.as_deref()
+                        .map_or(StoreKind::Sqlite, |u| StoreKind::from_url(u).unwrap()),
+                    *c,
+                )
+            })
+            .collect()
+    }
+
+    /// The sample: every class that applies on each transport with the PostgreSQL store,
+    /// each other store once (the schema fault on MariaDB too); the full matrix holds it.
+    #[test]
+    fn the_sampled_matrix_covers_each_class_per_transport_and_each_store() {
+        let (transports, stores) = urls();
+        let full = kinds(&matrix(&transports, &stores, false).unwrap());
+        let sample = kinds(&matrix(&transports, &stores, true).unwrap());
+        assert!(sample.iter().all(|c| full.contains(c)));
+        assert!(
+            sample.len() < full.len() / 2,
+            "{} of {}",
+            sample.len(),
+            full.len()
+        );
+        for t in [
+            TransportKind::Sqlite,
+            TransportKind::Amqp,
+            TransportKind::Postgres,
+            TransportKind::Redis,
+        ] {
+            for class in FaultClass::ALL {
+                if class.applies(t, StoreKind::Postgres) {
+                    assert!(
+                        sample.contains(&(t, StoreKind::Postgres, class)),
+                        "{t:?} {class:?}"
+                    );
+                }
+            }
+        }
+        for s in [StoreKind::Sqlite, StoreKind::MySql, StoreKind::Redis] {
+            assert!(sample.iter().any(|c| c.1 == s), "{s:?}");
+        }
+        assert!(sample.contains(&(TransportKind::Sqlite, StoreKind::MySql, FaultClass::Schema)));
+        assert!(sample.contains(&(
+            TransportKind::Redis,
+            StoreKind::Postgres,
+            FaultClass::BrokerRestart
+        )));
+        assert!(!sample
+            .iter()
+            .any(|c| c.1 == StoreKind::Redis && c.2 == FaultClass::Relay));
+    }
 }

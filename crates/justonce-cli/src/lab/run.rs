@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
+use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
@@ -145,7 +146,9 @@ impl Scenario {
         let mut out = Vec::new();
         for f in &self.faults {
             let f = match (f, self.t_kind) {
-                (FaultClass::Relay, TransportKind::Amqp) => FaultClass::BrokerRestart,
+                (FaultClass::Relay, TransportKind::Amqp | TransportKind::Redis) => {
+                    FaultClass::BrokerRestart
+                }
                 (FaultClass::Relay, TransportKind::Postgres) => FaultClass::DbRestart,
                 (FaultClass::Relay, _) => continue,
                 (f, _) => *f,
@@ -167,6 +170,7 @@ impl Scenario {
             StoreKind::Sqlite => self.run_on::<SqliteStore>(exe, progress, plot).await,
             StoreKind::Postgres => self.run_on::<PgStore>(exe, progress, plot).await,
             StoreKind::MySql => self.run_on::<MySqlStore>(exe, progress, plot).await,
+            StoreKind::Redis => self.run_on::<RedisStore>(exe, progress, plot).await,
         }
     }
 
@@ -178,7 +182,29 @@ impl Scenario {
     ) -> anyhow::Result<LabReport> {
         let tmp = tempfile::Builder::new().prefix("justonce-lab-").tempdir()?;
         let in_tmp = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
-        let transport = self.transport.clone().unwrap_or_else(|| in_tmp("queue.db"));
+        // A Redis the lab restarts is one it started itself, durable as the guide says a
+        // Redis must be; the server at the URL given is left alone.
+        let mut own_redis = if self.t_kind == TransportKind::Redis
+            && self.milestone_faults().contains(&FaultClass::BrokerRestart)
+        {
+            let server = justonce_redis::harness::OwnServer::start(&[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .await
+            .context("cannot start the lab's own redis-server (is it installed?)")?;
+            Some(server)
+        } else {
+            None
+        };
+        let transport = match &own_redis {
+            Some(server) => server.url(),
+            None => self.transport.clone().unwrap_or_else(|| in_tmp("queue.db")),
+        };
         let store_url = self.store.clone().unwrap_or_else(|| in_tmp("store.db"));
         let run_id = format!("{:08x}", fastrand::u32(..));
         let queue = format!("justonce-lab-{run_id}");
@@ -364,6 +390,7 @@ impl Scenario {
                             &schema,
                             &busy,
                             self.lease,
+                            own_redis.as_mut(),
                             &mut rng,
                             &mut counts,
                         )

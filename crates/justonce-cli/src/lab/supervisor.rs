@@ -89,6 +89,9 @@ impl WorkerSpec {
             "--tables",
             &self.tables,
         ])
+        // A slot's name outlives its worker: the replacement of a killed worker takes the
+        // entries it held back at once (on a Redis stream; elsewhere the name is unused).
+        .args(["--consumer-name", &format!("{}-w{slot}", self.consumer)])
         .args([
             "--semantics",
             self.semantics.as_str(),
@@ -160,9 +163,19 @@ impl Worker {
         let tail2 = tail.clone();
         let metrics = Arc::new(Mutex::new(None));
         let metrics2 = metrics.clone();
+        // JUSTONCE_LAB_LOGS=DIR keeps every line each process wrote, one file per start,
+        // for a run that has to be looked at afterwards (the tail above holds 20 lines).
+        let mut keep = std::env::var_os("JUSTONCE_LAB_LOGS").and_then(|dir| {
+            let name = format!("{}-{slot}-{generation}.log", what.replace(' ', "-"));
+            std::fs::File::create(std::path::Path::new(&dir).join(name)).ok()
+        });
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(f) = keep.as_mut() {
+                    use std::io::Write as _;
+                    let _ = writeln!(f, "{line}");
+                }
                 match said(&line) {
                     Said::SchemaPause => {
                         schema_pauses.fetch_add(1, Ordering::SeqCst);

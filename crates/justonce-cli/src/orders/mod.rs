@@ -6,6 +6,7 @@
 mod api;
 mod bank;
 mod handler;
+mod redis_bank;
 
 use std::collections::HashMap;
 

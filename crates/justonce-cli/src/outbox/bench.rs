@@ -129,6 +129,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         StoreKind::Sqlite => run_on::<SqliteStore>(&args, &store, &transport).await?,
         StoreKind::Postgres => run_on::<PgStore>(&args, &store, &transport).await?,
         StoreKind::MySql => run_on::<MySqlStore>(&args, &store, &transport).await?,
+        StoreKind::Redis => anyhow::bail!("the outbox needs a SQL store, not Redis"),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

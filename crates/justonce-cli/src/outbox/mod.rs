@@ -147,6 +147,7 @@ pub(crate) async fn run(args: OutboxArgs) -> anyhow::Result<()> {
                 let store = MySqlStore::open(&args.at.store).await?;
                 relay(store.outbox_with(table(&args.at)).await?, &args).await
             }
+            StoreKind::Redis => anyhow::bail!("the outbox needs a SQL store, not Redis"),
         },
     }
 }

@@ -4,7 +4,9 @@
 --      restarted under its name takes its work back at once, not after a lease;
 --   3. entries of either stream idle past the lease (ARGV[3] ms): their holder died or
 --      stalled (a live holder's heartbeat keeps its entries fresh);
---   4. new entries: retry copies first, then the main stream.
+--   4. new retry copies.
+-- New entries of the main stream are read by the caller, with a plain XREADGROUP whose
+-- reply goes to it as it is (through a script, each entry is made a Lua table and back).
 -- KEYS: main stream, retry stream, delayed set. ARGV[1]: group; ARGV[2]: consumer.
 -- Answers {entries, ms until the next delayed retry is due or -1}; an entry is
 -- {'m' or 'r', id, delivery count, {field, value, ...}}; a pending entry deleted from its
@@ -61,14 +63,12 @@ for _, key in ipairs({main, retry}) do
   end
 end
 
-for _, key in ipairs({retry, main}) do
-  if #out < max then
-    local r = redis.call('XREADGROUP', 'GROUP', group, me, 'COUNT', max - #out,
-      'STREAMS', key, '>')
-    if r and r[1] then
-      for _, e in ipairs(r[1][2]) do
-        add(key, e[1], 1, e[2])
-      end
+if #out < max then
+  local r = redis.call('XREADGROUP', 'GROUP', group, me, 'COUNT', max - #out,
+    'STREAMS', retry, '>')
+  if r and r[1] then
+    for _, e in ipairs(r[1][2]) do
+      add(retry, e[1], 1, e[2])
     end
   end
 end

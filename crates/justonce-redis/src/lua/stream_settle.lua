@@ -26,7 +26,36 @@ local function key_of(tag)
   if tag == 'm' then return KEYS[1] end
   return KEYS[2]
 end
+-- Entry ids compared as (ms, seq): as strings, '9-0' would sort after '10-0'.
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function less(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+-- The delivery counts of this consumer's pending entries between the smallest and the
+-- largest id of the receipts, per stream: one XPENDING instead of one per receipt.
+-- An answer that came back full may have left some out; those are asked one by one.
+local known, full = {}, {}
+local function load(key, ids)
+  local lo, hi = ids[1], ids[1]
+  for _, id in ipairs(ids) do
+    if less(id, lo) then lo = id end
+    if less(hi, id) then hi = id end
+  end
+  local cap = 4 * #ids + 100
+  local rows = redis.call('XPENDING', key, group, lo, hi, cap, me)
+  local m = {}
+  for _, r in ipairs(rows) do m[r[1]] = tostring(r[4]) end
+  known[key], full[key] = m, #rows >= cap
+end
 local function holds(key, id, count)
+  local m = known[key]
+  if m and m[id] then return m[id] == count end
+  if m and not full[key] then return false end
   local p = redis.call('XPENDING', key, group, id, id, 1)
   return p[1] ~= nil and p[1][2] == me and tostring(p[1][4]) == count
 end
@@ -44,7 +73,17 @@ local function fields_of(key, id)
   return f
 end
 
+local per_key = {}
+for i = first, #ARGV, 3 do
+  local key = key_of(ARGV[i])
+  per_key[key] = per_key[key] or {}
+  table.insert(per_key[key], ARGV[i + 1])
+end
+for key, ids in pairs(per_key) do load(key, ids) end
+
 local settled = 0
+-- Acks of the main stream gathered for one XACK per thousand entries.
+local acks = {}
 for i = first, #ARGV, 3 do
   local tag, id, count = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local key = key_of(tag)
@@ -70,11 +109,16 @@ for i = first, #ARGV, 3 do
         end
       end
     end
-    redis.call('XACK', key, group, id)
     if tag == 'r' then
+      redis.call('XACK', key, group, id)
       redis.call('XDEL', key, id)
+    else
+      acks[#acks + 1] = id
     end
     settled = settled + 1
   end
+end
+for j = 1, #acks, 1000 do
+  redis.call('XACK', KEYS[1], group, unpack(acks, j, math.min(j + 999, #acks)))
 end
 return settled

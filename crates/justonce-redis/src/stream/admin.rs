@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use justonce_core::{
-    no_such_dead_letter, DeadLetter, DeadLetterEntry, Error, Inspect, Replay, Result,
+    no_such_dead_letter, Check, DeadLetter, DeadLetterEntry, Error, Inspect, Replay, Result,
 };
 use redis::aio::ConnectionManager;
 use redis::Value;
@@ -26,6 +26,30 @@ impl RedisStream {
             .await
             .map_err(|e| redis("reading the dead letters", e))?;
         Ok(entries(reply))
+    }
+}
+
+impl RedisStream {
+    /// `justonce doctor`'s links on this stream: the stream and its group, counted
+    /// (pending: unread, held and retries; the dead-letter stream's length), and what the
+    /// server keeps on disk and may evict ([`ServerSettings::checks`](crate::ServerSettings::checks)).
+    pub async fn check(&self) -> Result<Vec<Check>> {
+        let o = &self.inner.opts;
+        let pending = self.pending().await?;
+        let dead: u64 = redis::cmd("XLEN")
+            .arg(o.dead_key())
+            .query_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis("counting the dead letters", e))?;
+        let mut out = vec![Check::pass(
+            "queue",
+            format!(
+                "stream {} with group {} exists: {pending} messages pending, {dead} dead letters",
+                o.stream, o.group
+            ),
+        )];
+        out.extend(self.inner.server.checks());
+        Ok(out)
     }
 }
 
@@ -110,9 +134,14 @@ impl Inspect for RedisStream {
         Ok(main + retry + delayed)
     }
 
-    /// Redis does not count a group's deliveries.
+    /// The deliveries this source handed out: Redis keeps no count of a group's
+    /// deliveries, so those of other processes are not in it.
     async fn deliveries(&self) -> Result<Option<u64>> {
-        Ok(None)
+        Ok(Some(
+            self.inner
+                .delivered
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ))
     }
 
     async fn dead_letters(&self) -> Result<Vec<DeadLetter>> {

@@ -74,8 +74,23 @@ struct Inner {
     held: Mutex<HashMap<(Tag, String), u64>>,
     /// Whether this consumer has read its own pending entries yet.
     resumed: Mutex<bool>,
+    /// The last run of the ready script, which new entries of the main stream do not
+    /// need: it runs at most every tenth of the lease (100 ms at most) unless it found
+    /// something last time or a delayed retry is due.
+    sweep: Mutex<Sweep>,
+    /// Deliveries this source handed out (Redis counts none per group).
+    delivered: std::sync::atomic::AtomicU64,
     server: ServerSettings,
     url: String,
+}
+
+/// When the ready script last ran, whether it found entries, and when the next delayed
+/// retry is due.
+#[derive(Default)]
+struct Sweep {
+    at: Option<Instant>,
+    found: bool,
+    due_at: Option<Instant>,
 }
 
 /// A Redis stream with a consumer group as a justonce transport ([`Source`],
@@ -197,6 +212,8 @@ impl RedisStream {
             scripts,
             held: Mutex::new(HashMap::new()),
             resumed: Mutex::new(false),
+            sweep: Mutex::new(Sweep::default()),
+            delivered: std::sync::atomic::AtomicU64::new(0),
             server,
             url: url.to_owned(),
         });
@@ -305,7 +322,15 @@ impl Source for RedisStream {
         }
         let deadline = Instant::now() + wait;
         loop {
-            let (got, due) = self.ready(max).await?;
+            let (mut got, due) = self.ready(max).await?;
+            if got.len() < max {
+                // What the ready script took is held: a failed read must not drop it.
+                match self.fresh(max - got.len()).await {
+                    Ok(more) => got.extend(more),
+                    Err(e) if got.is_empty() => return Err(e),
+                    Err(e) => debug!(error = %e, "reading new stream entries failed"),
+                }
+            }
             if !got.is_empty() {
                 return Ok(got);
             }
@@ -341,14 +366,36 @@ impl Source for RedisStream {
         Ok(())
     }
 
+    /// One settle call per attempt number among `receipts` (a released delivery keeps
+    /// the attempts it had before). After a failed call the rest are let go unsettled, as
+    /// the failed one was: their leases run out and another consumer takes them.
     async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
-        for r in receipts {
-            let t = Self::token(r)?;
-            let attempts = t.attempt.saturating_sub(1);
-            self.settle("release", Duration::ZERO, attempts, &[], &[t])
-                .await?;
+        let tokens = receipts
+            .iter()
+            .map(|r| Self::token(r))
+            .collect::<Result<Vec<_>>>()?;
+        let mut by_attempt: std::collections::BTreeMap<u32, Vec<&Token>> = Default::default();
+        for t in tokens {
+            by_attempt.entry(t.attempt).or_default().push(t);
         }
-        Ok(())
+        let mut failed = None;
+        for (attempt, group) in &by_attempt {
+            if failed.is_some() {
+                let mut held = lock(&self.inner.held);
+                for t in group {
+                    held.remove(&(t.tag, t.id.clone()));
+                }
+                continue;
+            }
+            let attempts = attempt.saturating_sub(1);
+            if let Err(e) = self
+                .settle("release", Duration::ZERO, attempts, &[], group)
+                .await
+            {
+                failed = Some(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {

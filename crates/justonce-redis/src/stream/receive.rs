@@ -1,7 +1,7 @@
 //! What a receive takes: the ready script, the blocking read, and an entry turned into a
 //! delivery (or into a dead letter, when it carries no message).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use justonce_core::{DeadLetterReason, Delivery, Error, ErrorKind, Receipt, Result};
 use redis::{AsyncConnectionConfig, Value};
@@ -22,6 +22,16 @@ impl RedisStream {
             let mut resumed = lock(&self.inner.resumed);
             !std::mem::replace(&mut *resumed, true)
         };
+        let now = Instant::now();
+        if !first {
+            let sweep = lock(&self.inner.sweep);
+            let every = (o.lease / 10).min(Duration::from_millis(100));
+            let recent = sweep.at.is_some_and(|at| now < at + every);
+            let due_now = sweep.due_at.is_some_and(|d| now >= d);
+            if recent && !sweep.found && !due_now {
+                return Ok((Vec::new(), sweep.due_at.map(|d| d - now)));
+            }
+        }
         let keys = self.keys();
         let mut call = self.inner.scripts.ready.prepare_invoke();
         call.key(&keys[0]).key(&keys[1]).key(&keys[2]);
@@ -70,6 +80,11 @@ impl RedisStream {
                 out.push(d);
             }
         }
+        *lock(&self.inner.sweep) = super::Sweep {
+            at: Some(now),
+            found: !out.is_empty(),
+            due_at: due.map(|d| now + d),
+        };
         Ok((out, due))
     }
 
@@ -92,10 +107,14 @@ impl RedisStream {
                     attempt,
                 };
                 lock(&self.inner.held).insert((tag, token.id.clone()), count);
+                self.inner
+                    .delivered
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(Some(Delivery {
                     message,
                     attempt,
-                    redelivered: attempt > 1,
+                    // A retry copy was delivered before, even when a release kept its attempt.
+                    redelivered: attempt > 1 || tag == Tag::Retry,
                     receipt: Receipt::new(token),
                 }))
             }
@@ -113,11 +132,36 @@ impl RedisStream {
                     consumer: format!("{} (justonce transport)", self.inner.opts.consumer),
                 };
                 warn!(stream = %self.inner.opts.stream, entry = %token.id, %why, "dead-lettering a stream entry");
-                self.settle("dead", Duration::ZERO, 0, &reason_args(&reason), &[&token])
-                    .await?;
+                // A dead-lettering that fails leaves the entry pending and unheld: it comes
+                // back after its lease and is dead-lettered then. The receive goes on, so
+                // the deliveries taken with it are not lost to the caller.
+                if let Err(e) = self
+                    .settle("dead", Duration::ZERO, 0, &reason_args(&reason), &[&token])
+                    .await
+                {
+                    warn!(stream = %self.inner.opts.stream, entry = %token.id, error = %e, "could not dead-letter a stream entry; it comes back after its lease");
+                }
                 Ok(None)
             }
         }
+    }
+
+    /// New entries of the main stream, up to `max`, without waiting.
+    pub(super) async fn fresh(&self, max: usize) -> Result<Vec<Delivery>> {
+        let o = &self.inner.opts;
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&o.group)
+            .arg(&o.consumer)
+            .arg("COUNT")
+            .arg(max)
+            .arg("STREAMS")
+            .arg(&o.stream)
+            .arg(">")
+            .query_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis("receiving from the stream", e))?;
+        self.new_entries(reply).await
     }
 
     /// Waits up to `wait` for new entries on the main stream, on a connection of its own.
@@ -164,8 +208,13 @@ impl RedisStream {
                 ))
             }
         };
+        self.new_entries(reply).await
+    }
+
+    /// The deliveries of an `XREADGROUP … >` reply on the main stream (RESP2:
+    /// `[[stream, [[id, [field, value, ...]], ...]]]`; nil when nothing came).
+    async fn new_entries(&self, reply: Value) -> Result<Vec<Delivery>> {
         let mut out = Vec::new();
-        // RESP2: [[stream, [[id, [field, value, ...]], ...]]]; nil when nothing came.
         if let Value::Array(streams) = reply {
             for s in streams {
                 let Value::Array(s) = s else { continue };

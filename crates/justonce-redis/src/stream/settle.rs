@@ -40,15 +40,15 @@ impl RedisStream {
         for t in tokens {
             call.arg(t.tag.as_str()).arg(&t.id).arg(t.count);
         }
-        let n: u64 = call
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis("settling deliveries on the stream", e))?;
+        let answer = call.invoke_async(&mut self.inner.conn.clone()).await;
+        // Settled or not, these entries are no longer held: a heartbeat that went on
+        // touching an entry whose settle failed would keep it from every other consumer
+        // for as long as this one lives (its lease must run out instead).
         let mut held = lock(&self.inner.held);
         for t in tokens {
             held.remove(&(t.tag, t.id.clone()));
         }
-        Ok(n)
+        answer.map_err(|e| redis("settling deliveries on the stream", e))
     }
 
     pub(super) fn token(receipt: &Receipt) -> Result<&Token> {

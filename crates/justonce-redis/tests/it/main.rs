@@ -24,6 +24,27 @@ fn prefix(test: &str) -> String {
     format!("{}:", unique_name(&format!("jo-test-{test}")))
 }
 
+/// Deletes every key under `prefix`: a test leaves nothing behind on the shared server.
+async fn forget(url: &str, prefix: &str) {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
 async fn claims_at(url: &str, test: &str) -> RedisClaimStore {
     RedisClaimStore::connect_with(url, RedisClaimOptions::default().prefix(prefix(test)))
         .await
@@ -52,7 +73,9 @@ mod claim_contract {
 
     justonce_test::claim_store_tests!(|| async {
         let url = url()?;
-        Some(Backend::new(Arc::new(claims_at(&url, "claims").await)))
+        let store = Arc::new(claims_at(&url, "claims").await);
+        let p = store.options().prefix.clone();
+        Some(Backend::new(store).cleaning_up(move || async move { forget(&url, &p).await }))
     });
 }
 
@@ -89,6 +112,7 @@ async fn racing_workers_leave_one_holder_per_key() {
         holders.iter().all(|&h| h == 1),
         "holders per key: {holders:?}"
     );
+    forget(&url, &p).await;
 }
 
 /// A worker paused past its lease: another worker takes the claim over, and the paused
@@ -129,14 +153,14 @@ async fn a_worker_paused_past_its_lease_cannot_complete() {
         },
         "the paused worker overwrote nothing"
     );
+    forget(&url, &p).await;
 }
 
 /// A server that keeps nothing on disk, killed and started again: every key is gone, and
 /// the fences issued after the restart are still higher than every fence before it.
 #[tokio::test]
 async fn fences_grow_across_a_restart_that_loses_every_key() {
-    let Some(mut server) = server::OwnServer::start(&["--save", "", "--appendonly", "no"]).await
-    else {
+    let Some(mut server) = server::own(&["--save", "", "--appendonly", "no"]).await else {
         return;
     };
     let store = claims_at(&server.url(), "restart").await;
@@ -158,7 +182,7 @@ async fn fences_grow_across_a_restart_that_loses_every_key() {
             other => panic!("{other:?}"),
         }
     }
-    server.restart().await;
+    server.restart().await.expect("redis-server restarts");
     // The manager reconnects; a call that meets the broken connection fails, transient.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let after = loop {
@@ -237,12 +261,13 @@ async fn an_ambiguous_reply_is_resolved_as_the_owners() {
             result: Some(b"done".to_vec())
         }
     );
+    forget(&url, &direct.options().prefix).await;
 }
 
 /// With `appendonly yes` and `appendfsync always`, the start-up check has nothing to say.
 #[tokio::test]
 async fn a_durable_server_draws_no_warning() {
-    let Some(server) = server::OwnServer::start(&[
+    let Some(server) = server::own(&[
         "--save",
         "",
         "--appendonly",
@@ -297,10 +322,10 @@ mod dedup_contract {
 
     justonce_test::dedup_store_tests!(|| async {
         let url = url()?;
-        let opts = RedisStoreOptions::default().prefix(prefix("dedup"));
-        Some(Backend::new(
-            RedisStore::connect_with(&url, opts).await.unwrap(),
-        ))
+        let p = prefix("dedup");
+        let opts = RedisStoreOptions::default().prefix(&p);
+        let store = RedisStore::connect_with(&url, opts).await.unwrap();
+        Some(Backend::new(store).cleaning_up(move || async move { forget(&url, &p).await }))
     });
 }
 
@@ -498,6 +523,41 @@ mod effects {
         assert!(err.is_transient());
         let n: i64 = store.connection().get(format!("{p}n")).await.unwrap();
         assert_eq!(n, 1, "the losing batch wrote nothing");
+        forget(&url, &p).await;
+    }
+
+    /// What tools read (`justonce dedup`, `doctor`): records counted per consumer, one
+    /// record by its key with its fingerprint, the server's clock.
+    #[tokio::test]
+    async fn tools_read_the_records_per_consumer() {
+        use justonce_core::InspectStore as _;
+        let Some(url) = url() else { return };
+        let p = prefix("inspect");
+        let store = RedisStore::connect_with(&url, RedisStoreOptions::default().prefix(&p))
+            .await
+            .unwrap();
+        let mut tx = store.begin().await.unwrap();
+        let (a, b, c) = (id("A"), id("B"), id("C"));
+        for (consumer, m) in [("pay", &a), ("pay", &b), ("pay:ments", &c)] {
+            store.claim(&mut tx, key(consumer, m), fp()).await.unwrap();
+        }
+        store.commit(tx).await.unwrap();
+        let stats = store.dedup_stats().await.unwrap();
+        let counts: Vec<(&str, u64)> = stats
+            .iter()
+            .map(|c| (c.consumer.as_str(), c.records))
+            .collect();
+        assert_eq!(counts, [("pay", 2), ("pay:ments", 1)]);
+        assert!(stats.iter().all(|c| c.oldest.is_some()));
+        let record = store.dedup_record(key("pay", &a)).await.unwrap().unwrap();
+        assert_eq!(record.fingerprint, fp());
+        assert!(store.dedup_record(key("pay", &c)).await.unwrap().is_none());
+        let clock = store.clock().await.unwrap().unwrap();
+        let skew = clock
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_else(|e| e.duration());
+        assert!(skew < Duration::from_secs(5), "{skew:?}");
+        forget(&url, &p).await;
     }
 
     /// A write Redis would refuse halfway (a push onto a key that holds a string) is found
@@ -528,6 +588,7 @@ mod effects {
             justonce_core::Claim::Fresh,
             "and the message was not recorded"
         );
+        forget(&url, &p).await;
     }
 }
 
@@ -656,6 +717,93 @@ mod stream {
         );
         assert_eq!(taken[0].attempt, 2);
         other.ack(&[&taken[0].receipt]).await.unwrap();
+        other.delete().await.unwrap();
+    }
+
+    /// A released delivery comes back with the attempt it had, marked redelivered: it was
+    /// delivered before (the lab counts first deliveries by that mark).
+    #[tokio::test]
+    async fn a_released_delivery_comes_back_redelivered_with_its_attempt() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-release");
+        let s = RedisStream::connect(&url, opts(&name, "w", 30_000))
+            .await
+            .unwrap();
+        s.publish(&msgs(1, "R")[0]).await.unwrap();
+        let first = s.receive(1, Duration::from_secs(1)).await.unwrap();
+        assert_eq!((first[0].attempt, first[0].redelivered), (1, false));
+        s.release(&[&first[0].receipt]).await.unwrap();
+        let again = s.receive(1, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].attempt, again[0].redelivered), (1, true));
+        s.ack(&[&again[0].receipt]).await.unwrap();
+        s.delete().await.unwrap();
+    }
+
+    /// An ack reads the receipts' delivery counts with one `XPENDING` over their id range;
+    /// when this consumer holds more entries in that range than the answer can carry, the
+    /// receipts left out are still checked and acked (one by one).
+    #[tokio::test]
+    async fn an_ack_across_a_wide_range_of_held_entries_acks_each_receipt() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-widerange");
+        let s = RedisStream::connect(&url, opts(&name, "w", 30_000))
+            .await
+            .unwrap();
+        s.publish_batch(&msgs(300, "W")).await.unwrap();
+        let mut held = Vec::new();
+        while held.len() < 300 {
+            held.extend(s.receive(300, Duration::from_secs(1)).await.unwrap());
+        }
+        let (first, last) = (&held[0].receipt, &held[299].receipt);
+        s.ack(&[first, last]).await.unwrap();
+        assert_eq!(s.pending().await.unwrap(), 298, "both ends acked");
+        let rest: Vec<_> = held[1..299].iter().map(|d| &d.receipt).collect();
+        s.ack(&rest).await.unwrap();
+        assert_eq!(s.pending().await.unwrap(), 0);
+        s.delete().await.unwrap();
+    }
+
+    /// A release whose request never reaches the server fails, and the entry is no longer
+    /// heartbeated: its lease runs out and another consumer takes it (a heartbeat that
+    /// went on touching it kept it from everyone while the worker lived).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_settle_that_never_ran_lets_the_lease_run_out() {
+        let Some(url) = url() else { return };
+        let name = unique_name("jo-test-lostsettle");
+        let upstream = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_owned();
+        let proxy = proxy::LossyProxy::start(upstream).await;
+        let slow = RedisStream::connect(&proxy.url(), opts(&name, "slow", 300))
+            .await
+            .unwrap();
+        let other = RedisStream::connect(&url, opts(&name, "other", 300))
+            .await
+            .unwrap();
+        slow.publish_batch(&msgs(3, "L")).await.unwrap();
+        let held = slow.receive(3, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(held.len(), 3);
+        proxy.drop_next_request_with(b"release");
+        let receipts: Vec<_> = held.iter().map(|d| &d.receipt).collect();
+        slow.release(&receipts)
+            .await
+            .expect_err("the release never reached the server");
+        let mut taken = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while taken.len() < 3 && std::time::Instant::now() < deadline {
+            taken.extend(other.receive(3, Duration::from_secs(1)).await.unwrap());
+        }
+        assert_eq!(
+            taken.len(),
+            3,
+            "the entries are taken over after their lease"
+        );
+        assert!(taken.iter().all(|d| d.attempt == 2));
+        let receipts: Vec<_> = taken.iter().map(|d| &d.receipt).collect();
+        other.ack(&receipts).await.unwrap();
+        assert_eq!(other.pending().await.unwrap(), 0);
         other.delete().await.unwrap();
     }
 
@@ -905,7 +1053,7 @@ mod stream {
     /// reconnects and finishes; every message applied once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_restart_mid_run_loses_nothing() {
-        let Some(mut server) = server::OwnServer::start(&[
+        let Some(mut server) = server::own(&[
             "--save",
             "",
             "--appendonly",
@@ -945,7 +1093,7 @@ mod stream {
         while store.effects().len() < 100 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        server.restart().await;
+        server.restart().await.expect("redis-server restarts");
         let at_restart = store.effects().len();
         assert!(
             at_restart < 400,

@@ -23,11 +23,12 @@ where
             .await?;
         if !batch.is_empty() && batch.len() < max && !self.opts.batching.linger.is_zero() {
             tokio::time::sleep(self.opts.batching.linger).await;
-            let more = self
-                .source
-                .receive(max - batch.len(), Duration::ZERO)
-                .await?;
-            batch.extend(more);
+            // The batch in hand is received: a failed top-up must not drop it (its
+            // deliveries would stay held, unsettled, until the source let go of them).
+            match self.source.receive(max - batch.len(), Duration::ZERO).await {
+                Ok(more) => batch.extend(more),
+                Err(e) => debug!(error = %e, "topping up the batch failed; it runs as it is"),
+            }
         }
         // Every consumer takes the batch's row locks in one order, so that two batches
         // touching the same rows wait for each other instead of deadlocking. The sort is

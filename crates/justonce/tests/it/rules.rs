@@ -437,3 +437,73 @@ async fn a_claim_expiry_shorter_than_the_redelivery_horizon_is_refused() {
     ));
     assert!(consumer().unwrap().with_claims(day).is_ok());
 }
+
+/// A source whose top-up receives (every second call) fail, as a connection cut between
+/// a batch's first receive and its linger's top-up does.
+struct FailingTopUp {
+    inner: Arc<MemoryQueue>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl Source for FailingTopUp {
+    fn queue(&self) -> &str {
+        self.inner.queue()
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> justonce::Result<Vec<Delivery>> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n % 2 == 1 {
+            return Err(justonce::Error::new(
+                justonce::ErrorKind::Io,
+                "the connection was cut",
+            ));
+        }
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, receipts: &[&justonce::Receipt]) -> justonce::Result<()> {
+        self.inner.ack(receipts).await
+    }
+    async fn nack(&self, receipt: &justonce::Receipt, delay: Duration) -> justonce::Result<()> {
+        self.inner.nack(receipt, delay).await
+    }
+    async fn release(&self, receipts: &[&justonce::Receipt]) -> justonce::Result<()> {
+        self.inner.release(receipts).await
+    }
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &justonce::DeadLetterReason,
+    ) -> justonce::Result<()> {
+        self.inner.dead_letter(delivery, reason).await
+    }
+    fn redelivery_delay(&self) -> Duration {
+        self.inner.redelivery_delay()
+    }
+}
+
+/// A batch already received runs when the linger's top-up fails: dropping it would leave
+/// its deliveries held and unsettled (on a broker that holds them per connection, until
+/// the connection goes).
+#[tokio::test]
+async fn a_failed_top_up_keeps_the_batch_in_hand() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(60)));
+    q.publish_batch(&[msg("a", "ok:a"), msg("b", "ok:b")])
+        .await
+        .unwrap();
+    let store = MemoryStore::new();
+    let mut opts = options(Semantics::EffectivelyOnce);
+    opts.batching.size = 10;
+    opts.batching.linger = Duration::from_millis(5);
+    let source = FailingTopUp {
+        inner: q.clone(),
+        calls: Default::default(),
+    };
+    let c = Consumer::new(opts, source, store.clone(), Script::default()).unwrap();
+    let report = c
+        .run_once()
+        .await
+        .expect("the top-up's failure is not the batch's");
+    assert_eq!(report.received, 2);
+    assert_eq!(store.effects(), ["a", "b"]);
+    assert!(q.is_empty(), "both acked");
+}

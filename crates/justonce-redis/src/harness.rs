@@ -1,0 +1,130 @@
+//! A `redis-server` of one's own, for tests and fault labs (feature `harness`): on a free
+//! port and a directory of its own, killed when dropped, restartable as after a crash.
+//! The shared server a machine runs is never touched.
+
+use std::io;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// A `redis-server` process this program started.
+pub struct OwnServer {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    /// Whether `redis-server` is on the `PATH`.
+    pub fn installed() -> bool {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|p| p.join("redis-server").is_file())
+        })
+    }
+
+    /// Starts `redis-server` with `args` (persistence settings, say `--appendonly yes`) on
+    /// a free port of 127.0.0.1 and a temporary directory, and waits until it answers.
+    pub async fn start(args: &[&str]) -> io::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = tempfile::Builder::new()
+            .prefix("justonce-redis-")
+            .tempdir()?;
+        let mut all: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--daemonize".into(),
+            "no".into(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut server = OwnServer {
+            child: None,
+            port,
+            args: all,
+            dir,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's data directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and starts it again on the same port
+    /// and directory: it comes back with what its persistence settings kept.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill().await;
+        self.spawn().await
+    }
+
+    /// Kills the server; [`OwnServer::restart`] or drop after.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    async fn spawn(&mut self) -> io::Result<()> {
+        let child = Command::new("redis-server")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ping(self.port).await {
+            if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                return Err(io::Error::other(format!(
+                    "redis-server on port {} exited with {status}",
+                    self.port
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("redis-server on port {} did not answer in 10 s", self.port),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+async fn ping(port: u16) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    if s.write_all(b"PING\r\n").await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut buf)).await,
+        Ok(Ok(_)) if &buf == b"+PONG\r\n"
+    )
+}
