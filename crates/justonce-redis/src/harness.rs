@@ -14,7 +14,8 @@ pub struct OwnServer {
     child: Option<Child>,
     port: u16,
     args: Vec<String>,
-    dir: tempfile::TempDir,
+    /// Removed when the server is dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl OwnServer {
@@ -49,20 +50,29 @@ impl OwnServer {
             child: None,
             port,
             args: all,
-            dir,
+            _dir: dir,
         };
         server.spawn().await?;
         Ok(server)
     }
 
+    /// [`OwnServer::start`] as the guide says a Redis that keeps claims must run: an
+    /// append-only file synced at every write, no snapshots.
+    pub async fn start_durable() -> io::Result<Self> {
+        Self::start(&[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+        .await
+    }
+
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's data directory.
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
     }
 
     /// Kills the server (SIGKILL, as a crash would) and starts it again on the same port

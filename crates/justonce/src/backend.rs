@@ -1,7 +1,7 @@
 //! Backends chosen by URL, in one place.
 //!
-//! A URL names a transport (`sqlite:`, `postgres://`, `amqp://`, `redis://`) or a store (`sqlite:`,
-//! `postgres://`, `mysql://`). [`TransportKind::from_url`] and [`StoreKind::from_url`] parse
+//! A URL names a transport (`sqlite:`, `postgres://`, `amqp://`, `redis://`) or a store
+//! (`sqlite:`, `postgres://`, `mysql://`, `redis://`). [`TransportKind::from_url`] and [`StoreKind::from_url`] parse
 //! it into a kind, with one error that names every supported scheme and the cargo feature
 //! each needs; [`Transport::open_consumer`] and [`Transport::open_publisher`] open the transport as
 //! trait objects. The demo, the worker, the lab and the bench open theirs here, so a new

@@ -363,12 +363,10 @@ fn matrix(
         }
         return Ok(out);
     }
-    let mut home = &stores[0];
-    for s in stores {
-        if s_kind(s)? == StoreKind::Postgres {
-            home = s;
-        }
-    }
+    let home = stores
+        .iter()
+        .find(|s| s_kind(s).ok() == Some(StoreKind::Postgres))
+        .unwrap_or(&stores[0]);
     for t in transports {
         every(t, home, &mut out)?;
     }

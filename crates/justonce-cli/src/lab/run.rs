@@ -187,16 +187,9 @@ impl Scenario {
         let mut own_redis = if self.t_kind == TransportKind::Redis
             && self.milestone_faults().contains(&FaultClass::BrokerRestart)
         {
-            let server = justonce_redis::harness::OwnServer::start(&[
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .await
-            .context("cannot start the lab's own redis-server (is it installed?)")?;
+            let server = justonce_redis::harness::OwnServer::start_durable()
+                .await
+                .context("cannot start the lab's own redis-server (is it installed?)")?;
             Some(server)
         } else {
             None

@@ -53,13 +53,15 @@ impl Bank for RedisStore {
     async fn drop_tables(&self, t: &Tables) -> Result<()> {
         let mut conn = self.connection();
         let mut keys: Vec<String> = t.all().iter().map(|k| k.to_string()).collect();
+        // SCAN, not KEYS: the server may be shared, and KEYS blocks it for the whole walk.
         for prefix in [&t.dedup, &t.claims] {
-            let found: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{prefix}:*"))
-                .query_async(&mut conn)
+            let mut found = conn
+                .scan_match::<_, String>(format!("{prefix}:*"))
                 .await
                 .map_err(|e| redis_error("listing the run's keys", e))?;
-            keys.extend(found);
+            while let Some(k) = found.next_item().await {
+                keys.push(k.map_err(|e| redis_error("listing the run's keys", e))?);
+            }
         }
         for chunk in keys.chunks(1000) {
             let _: () = conn

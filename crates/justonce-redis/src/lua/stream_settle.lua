@@ -26,16 +26,7 @@ local function key_of(tag)
   if tag == 'm' then return KEYS[1] end
   return KEYS[2]
 end
--- Entry ids compared as (ms, seq): as strings, '9-0' would sort after '10-0'.
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  return am < bm or (am == bm and as < bs)
-end
+-- parse and less: stream_ids.lua, prepended.
 -- The delivery counts of this consumer's pending entries between the smallest and the
 -- largest id of the receipts, per stream: one XPENDING instead of one per receipt.
 -- An answer that came back full may have left some out; those are asked one by one.

@@ -2,15 +2,7 @@
 -- of each group's first pending entry, or the entry after its last delivered one. A
 -- pending entry, or one not yet delivered to some group, is never removed. Answers how
 -- many entries went.
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  return am < bm or (am == bm and as < bs)
-end
+-- parse and less: stream_ids.lua, prepended.
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then return 0 end
 local minid = nil

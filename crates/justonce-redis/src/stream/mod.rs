@@ -176,9 +176,15 @@ impl RedisStream {
         let mut conn = connection::open(url, opts.response_timeout).await?;
         let scripts = Scripts {
             ready: Script::new(include_str!("../lua/stream_ready.lua")),
-            settle: Script::new(include_str!("../lua/stream_settle.lua")),
+            settle: Script::new(concat!(
+                include_str!("../lua/stream_ids.lua"),
+                include_str!("../lua/stream_settle.lua")
+            )),
             touch: Script::new(include_str!("../lua/stream_touch.lua")),
-            trim: Script::new(include_str!("../lua/stream_trim.lua")),
+            trim: Script::new(concat!(
+                include_str!("../lua/stream_ids.lua"),
+                include_str!("../lua/stream_trim.lua")
+            )),
         };
         for s in [
             &scripts.ready,
@@ -378,24 +384,17 @@ impl Source for RedisStream {
         for t in tokens {
             by_attempt.entry(t.attempt).or_default().push(t);
         }
-        let mut failed = None;
         for (attempt, group) in &by_attempt {
-            if failed.is_some() {
-                let mut held = lock(&self.inner.held);
-                for t in group {
-                    held.remove(&(t.tag, t.id.clone()));
-                }
-                continue;
-            }
             let attempts = attempt.saturating_sub(1);
             if let Err(e) = self
                 .settle("release", Duration::ZERO, attempts, &[], group)
                 .await
             {
-                failed = Some(e);
+                self.unhold(by_attempt.values().flatten().copied());
+                return Err(e);
             }
         }
-        failed.map_or(Ok(()), Err)
+        Ok(())
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {

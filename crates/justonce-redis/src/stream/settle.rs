@@ -44,11 +44,16 @@ impl RedisStream {
         // Settled or not, these entries are no longer held: a heartbeat that went on
         // touching an entry whose settle failed would keep it from every other consumer
         // for as long as this one lives (its lease must run out instead).
+        self.unhold(tokens.iter().copied());
+        answer.map_err(|e| redis("settling deliveries on the stream", e))
+    }
+
+    /// Stops heartbeating `tokens`' entries (those already let go are skipped).
+    pub(super) fn unhold<'a>(&self, tokens: impl IntoIterator<Item = &'a Token>) {
         let mut held = lock(&self.inner.held);
         for t in tokens {
             held.remove(&(t.tag, t.id.clone()));
         }
-        answer.map_err(|e| redis("settling deliveries on the stream", e))
     }
 
     pub(super) fn token(receipt: &Receipt) -> Result<&Token> {

@@ -267,16 +267,7 @@ async fn an_ambiguous_reply_is_resolved_as_the_owners() {
 /// With `appendonly yes` and `appendfsync always`, the start-up check has nothing to say.
 #[tokio::test]
 async fn a_durable_server_draws_no_warning() {
-    let Some(server) = server::own(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-    ])
-    .await
-    else {
+    let Some(server) = server::own_durable().await else {
         return;
     };
     let store = claims_at(&server.url(), "durable").await;
@@ -1053,16 +1044,7 @@ mod stream {
     /// reconnects and finishes; every message applied once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_restart_mid_run_loses_nothing() {
-        let Some(mut server) = server::own(&[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-        ])
-        .await
-        else {
+        let Some(mut server) = server::own_durable().await else {
             return;
         };
         let q = Arc::new(
