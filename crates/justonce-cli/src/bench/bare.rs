@@ -15,6 +15,24 @@ use super::clock::Clock;
 use super::run::{BenchRunArgs, Running};
 use crate::orders::{Bank, Payment, Tables};
 
+/// Every baseline's business work: one plain transaction of the store for a batch of
+/// payment payloads; answers their order ids.
+async fn pay_batch<'a, B: Bank>(
+    bank: &B,
+    tables: &Tables,
+    payloads: impl Iterator<Item = &'a [u8]>,
+) -> anyhow::Result<Vec<String>> {
+    let mut tx = bank.begin_direct().await?;
+    let mut ids = Vec::new();
+    for payload in payloads {
+        let p: Payment = serde_json::from_slice(payload)?;
+        B::pay(&mut tx, tables, &p).await?;
+        ids.push(p.order_id);
+    }
+    B::commit_direct(tx).await?;
+    Ok(ids)
+}
+
 /// The bare baseline on a SQL queue: receive (with the runtime's 5 ms linger), one
 /// transaction of plain sqlx per batch, commit, ack. No dedup, no savepoints, no
 /// classification of failures.
@@ -35,13 +53,8 @@ pub(crate) async fn bare_source<B: Bank>(
             tokio::time::sleep(Duration::from_millis(5)).await;
             ds.extend(source.receive(batch - ds.len(), Duration::ZERO).await?);
         }
-        let mut tx = bank.begin_direct().await?;
-        for d in &ds {
-            let p: Payment = serde_json::from_slice(d.message.payload())?;
-            B::pay(&mut tx, &tables, &p).await?;
-        }
-        B::commit_direct(tx).await?;
-        clock.committed(ds.iter().filter_map(|d| d.message.id()).map(|i| i.as_str()));
+        let ids = pay_batch(&bank, &tables, ds.iter().map(|d| d.message.payload())).await?;
+        clock.committed(ids.iter().map(String::as_str));
         let receipts: Vec<_> = ds.iter().map(|d| &d.receipt).collect();
         source.ack(&receipts).await?;
     }
@@ -103,14 +116,7 @@ pub(crate) async fn bare_amqp<B: Bank>(
                         },
                     }
                 }
-                let mut tx = bank.begin_direct().await?;
-                let mut ids = Vec::with_capacity(ds.len());
-                for d in &ds {
-                    let p: Payment = serde_json::from_slice(&d.data)?;
-                    ids.push(p.order_id.clone());
-                    B::pay(&mut tx, &tables, &p).await?;
-                }
-                B::commit_direct(tx).await?;
+                let ids = pay_batch(&bank, &tables, ds.iter().map(|d| d.data.as_slice())).await?;
                 clock.committed(ids.iter().map(String::as_str));
                 if let Some(last) = ds.last() {
                     channel
@@ -187,14 +193,7 @@ pub(crate) async fn bare_redis<B: Bank>(
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     ds.extend(read(&mut conn, batch - ds.len(), 0).await?);
                 }
-                let mut tx = bank.begin_direct().await?;
-                let mut ids = Vec::with_capacity(ds.len());
-                for (_, payload) in &ds {
-                    let p: Payment = serde_json::from_slice(payload)?;
-                    ids.push(p.order_id.clone());
-                    B::pay(&mut tx, &tables, &p).await?;
-                }
-                B::commit_direct(tx).await?;
+                let ids = pay_batch(&bank, &tables, ds.iter().map(|(_, p)| p.as_slice())).await?;
                 clock.committed(ids.iter().map(String::as_str));
                 let mut ack = redis::cmd("XACK");
                 ack.arg(&stream).arg(&group);
