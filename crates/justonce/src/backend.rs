@@ -29,8 +29,9 @@ use justonce_core::{
 /// Every transport scheme, with its feature: for the error that lists them.
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
     postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`), \
-    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`) or \
-    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`)";
+    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`), \
+    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`) or \
+    nats://HOST:PORT (a NATS JetStream stream, feature `nats`)";
 
 /// Every store scheme, with its feature.
 const STORES: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
@@ -49,6 +50,8 @@ pub enum TransportKind {
     Amqp,
     /// `redis://` or `rediss://`: a Redis stream with a consumer group.
     Redis,
+    /// `nats://`: a NATS JetStream stream with a durable pull consumer.
+    Nats,
 }
 
 /// A store (business data and dedup records), as its URL names it.
@@ -76,7 +79,7 @@ impl TransportKind {
     /// use justonce::backend::TransportKind;
     ///
     /// assert_eq!(TransportKind::from_url("sqlite:queue.db").unwrap(), TransportKind::Sqlite);
-    /// let e = TransportKind::from_url("nats://127.0.0.1:4222").unwrap_err();
+    /// let e = TransportKind::from_url("kafka://127.0.0.1:9092").unwrap_err();
     /// assert!(e.to_string().contains("amqp://"), "{e}");
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
@@ -85,6 +88,7 @@ impl TransportKind {
             "postgres" | "postgresql" => TransportKind::Postgres,
             "amqp" | "amqps" => TransportKind::Amqp,
             "redis" | "rediss" => TransportKind::Redis,
+            "nats" => TransportKind::Nats,
             "mysql" | "mariadb" => {
                 return Err(Error::config(format!(
                     "`{}` names a store, not a transport: MariaDB holds business data and dedup \
@@ -94,8 +98,8 @@ impl TransportKind {
             }
             other => {
                 return Err(Error::config(format!(
-                    "the {other} transport is not built yet: use {TRANSPORTS}; NATS JetStream \
-                     and Kafka transports are planned"
+                    "the {other} transport is not built yet: use {TRANSPORTS}; a Kafka \
+                     transport is planned"
                 )))
             }
         };
@@ -116,6 +120,7 @@ impl TransportKind {
             TransportKind::Postgres => "postgres",
             TransportKind::Amqp => "amqp",
             TransportKind::Redis => "redis",
+            TransportKind::Nats => "nats",
         }
     }
 
@@ -126,6 +131,7 @@ impl TransportKind {
             TransportKind::Postgres => "postgres",
             TransportKind::Amqp => "amqp",
             TransportKind::Redis => "redis",
+            TransportKind::Nats => "nats",
         }
     }
 
@@ -135,6 +141,7 @@ impl TransportKind {
             TransportKind::Postgres => cfg!(feature = "postgres"),
             TransportKind::Amqp => cfg!(feature = "amqp"),
             TransportKind::Redis => cfg!(feature = "redis"),
+            TransportKind::Nats => cfg!(feature = "nats"),
         }
     }
 }
@@ -513,6 +520,21 @@ impl Transport {
                     tx_ack: None,
                 })
             }
+            #[cfg(feature = "nats")]
+            TransportKind::Nats => {
+                // Every worker of a consumer shares one durable pull consumer.
+                let o = justonce_nats::NatsOptions::new(queue)
+                    .lease(opts.lease)
+                    .create(opts.create);
+                let q = Arc::new(justonce_nats::NatsStream::connect(url, o).await?);
+                Ok(Transport {
+                    kind,
+                    source: consume.then(|| q.clone() as Arc<dyn Source>),
+                    publisher: q.clone(),
+                    inspect: q,
+                    tx_ack: None,
+                })
+            }
             #[allow(unreachable_patterns)]
             _ => Err(Error::config(format!(
                 "the {} transport needs justonce's `{}` feature",
@@ -585,6 +607,8 @@ pub enum LocalService {
     MariaDb,
     /// Redis: `JUSTONCE_REDIS_URL`, default `redis://127.0.0.1:6379`.
     Redis,
+    /// NATS with JetStream: `JUSTONCE_NATS_URL`, default `nats://127.0.0.1:4222`.
+    Nats,
 }
 
 impl LocalService {
@@ -595,6 +619,7 @@ impl LocalService {
             LocalService::Postgres => "PostgreSQL",
             LocalService::MariaDb => "MariaDB",
             LocalService::Redis => "Redis",
+            LocalService::Nats => "NATS",
         }
     }
 
@@ -605,6 +630,7 @@ impl LocalService {
             LocalService::Postgres => "JUSTONCE_POSTGRES_URL",
             LocalService::MariaDb => "JUSTONCE_MYSQL_URL",
             LocalService::Redis => "JUSTONCE_REDIS_URL",
+            LocalService::Nats => "JUSTONCE_NATS_URL",
         }
     }
 
@@ -615,6 +641,7 @@ impl LocalService {
             LocalService::Postgres => "127.0.0.1:5432",
             LocalService::MariaDb => "127.0.0.1:3306",
             LocalService::Redis => "127.0.0.1:6379",
+            LocalService::Nats => "127.0.0.1:4222",
         }
     }
 
@@ -626,6 +653,7 @@ impl LocalService {
                 LocalService::Postgres => "postgres://postgres@127.0.0.1:5432/test",
                 LocalService::MariaDb => "mysql://root@127.0.0.1:3306/test",
                 LocalService::Redis => "redis://127.0.0.1:6379",
+                LocalService::Nats => "nats://127.0.0.1:4222",
             }
             .to_owned()
         })

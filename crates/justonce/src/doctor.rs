@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use justonce_core::{Check, Error, ErrorKind, Result};
 
-use crate::backend::{StoreKind, TransportKind, TransportOptions};
+use crate::backend::{TransportKind, TransportOptions};
 
 /// The transport's links for `queue`: it exists, it is durable, its dead letters have
 /// somewhere to go, publishes are confirmed. On RabbitMQ `opts.amqp` is the topology to
@@ -74,6 +74,16 @@ pub async fn check_transport(
                 .lease(opts.lease)
                 .create(false);
             match justonce_redis::RedisStream::connect(url, o).await {
+                Ok(q) => q.check().await,
+                Err(e) => missing(e),
+            }
+        }
+        #[cfg(feature = "nats")]
+        TransportKind::Nats => {
+            let o = justonce_nats::NatsOptions::new(queue)
+                .lease(opts.lease)
+                .create(false);
+            match justonce_nats::NatsStream::connect(url, o).await {
                 Ok(q) => q.check().await,
                 Err(e) => missing(e),
             }
@@ -149,7 +159,7 @@ pub async fn check_store(url: &str, dedup_table: &str) -> Result<Vec<Check>> {
     // What a Redis store's server keeps on disk and may evict decides whether a record
     // outlives a restart or memory pressure.
     #[cfg(feature = "redis")]
-    if StoreKind::from_url(url)? == StoreKind::Redis {
+    if crate::backend::StoreKind::from_url(url)? == crate::backend::StoreKind::Redis {
         let s = justonce_redis::RedisStore::connect(url).await?;
         out.extend(s.server().checks());
     }

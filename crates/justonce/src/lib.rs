@@ -60,6 +60,7 @@
 //! - `sqlite` (default): the embedded SQLite queue and dedup store, as `justonce::sql`.
 //! - `amqp`: the RabbitMQ transport, as `justonce::amqp`.
 //! - `redis`: the Redis claim store, as `justonce::redis`.
+//! - `nats`: the NATS JetStream transport, as `justonce::nats`.
 //! - `postgres`: the PostgreSQL queue, dedup and claim stores, in `justonce::sql`.
 //! - `mysql`: the MariaDB / MySQL dedup and claim stores, in `justonce::sql`.
 //! - `fault-injection`: `FaultHook` and `Consumer::with_fault_hook`, to crash a consumer at
@@ -116,6 +117,9 @@ pub use justonce_sql as sql;
 /// The RabbitMQ transport, from `justonce-amqp`.
 #[cfg(feature = "amqp")]
 pub use justonce_amqp as amqp;
+/// The NATS JetStream transport, from `justonce-nats`.
+#[cfg(feature = "nats")]
+pub use justonce_nats as nats;
 /// The Redis claim store, from `justonce-redis`.
 #[cfg(feature = "redis")]
 pub use justonce_redis as redis;

@@ -1,6 +1,6 @@
 //! The bare baselines: the same business write per message with no justonce runtime, on a
-//! SQL queue through its own calls, on RabbitMQ through lapin and on a Redis stream through
-//! redis-rs directly.
+//! SQL queue through its own calls, on RabbitMQ through lapin, on a Redis stream through
+//! redis-rs and on a NATS stream through async-nats directly.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,6 +201,80 @@ pub(crate) async fn bare_redis<B: Bank>(
                     ack.arg(entry);
                 }
                 let _: u64 = ack.query_async(&mut conn).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    Ok(tokio::spawn(async move {
+        for t in tasks {
+            t.await??;
+        }
+        Ok(())
+    }))
+}
+
+/// The bare baseline on NATS JetStream: async-nats directly, on the durable pull consumer
+/// the bus made. Per batch loop: a `fetch` of the batch (no wait); when it answers nothing,
+/// a `batch` of up to the batch that waits 100 ms; one transaction of the store per batch,
+/// then a plain `+ACK` of each message (no reply awaited). No `+WPI`, no retries, no dead
+/// letters: a failure ends the run.
+pub(crate) async fn bare_nats<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    clock: Arc<Clock>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    let opts = justonce::nats::NatsOptions::new(args.name.as_str());
+    let client = async_nats::connect(args.transport.as_str())
+        .await
+        .context("connecting to NATS")?;
+    let js = async_nats::jetstream::new(client);
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream(&opts.stream)
+        .await
+        .context("the bench's stream")?
+        .get_consumer(&opts.consumer)
+        .await
+        .map_err(|e| anyhow::anyhow!("the bench's consumer: {e}"))?;
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let consumer = consumer.clone();
+        let (bank, tables, clock, stop) =
+            (bank.clone(), tables.clone(), clock.clone(), stop.clone());
+        let batch = args.batch;
+        tasks.push(tokio::spawn(async move {
+            while !*stop.borrow() {
+                let mut got = Vec::with_capacity(batch);
+                let mut fetched = consumer
+                    .fetch()
+                    .max_messages(batch)
+                    .messages()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("fetch: {e}"))?;
+                while let Some(m) = fetched.next().await {
+                    got.push(m.map_err(|e| anyhow::anyhow!("fetch: {e}"))?);
+                }
+                if got.is_empty() {
+                    let mut waited = consumer
+                        .batch()
+                        .max_messages(batch)
+                        .expires(Duration::from_millis(100))
+                        .messages()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("batch: {e}"))?;
+                    while let Some(m) = waited.next().await {
+                        got.push(m.map_err(|e| anyhow::anyhow!("batch: {e}"))?);
+                    }
+                }
+                if got.is_empty() {
+                    continue;
+                }
+                let ids = pay_batch(&bank, &tables, got.iter().map(|m| m.payload.as_ref())).await?;
+                clock.committed(ids.iter().map(String::as_str));
+                for m in &got {
+                    m.ack().await.map_err(|e| anyhow::anyhow!("ack: {e}"))?;
+                }
             }
             anyhow::Ok(())
         }));

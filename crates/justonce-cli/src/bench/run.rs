@@ -27,7 +27,7 @@ use justonce::{Consumer, ConsumerOptions, Message, Semantics};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::bare::{bare_amqp, bare_redis, bare_source};
+use super::bare::{bare_amqp, bare_nats, bare_redis, bare_source};
 use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
 use super::server::{deadlocks, settle};
 use super::Variant;
@@ -509,6 +509,11 @@ async fn start<B: Bank>(
             // The stream and its group exist: the bus made them.
             drop(bus);
             return bare_redis(args, bank, tables, clock, stop).await;
+        }
+        Variant::Bare if Bus::kind_of(&args.transport)? == TransportKind::Nats => {
+            // The stream and its consumer exist: the bus made them.
+            drop(bus);
+            return bare_nats(args, bank, tables, clock, stop).await;
         }
         Variant::Bare => {
             let mut tasks = Vec::new();

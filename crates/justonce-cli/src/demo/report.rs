@@ -196,7 +196,33 @@ impl Report {
             "{} lost, {} duplicate effects; {} poison messages dead-lettered with a reason.",
             r.lost, r.duplicate_effects, r.dead_lettered
         );
+        // NATS drops a second publish of an id inside the stream's duplicate window, so the
+        // demo's duplicate publishes never reach a consumer there.
+        let broker_dedup = self.transport == "nats";
         match (r.semantics.as_str(), self.strategy.as_str()) {
+            ("at-most-once", _) if broker_dedup => format!(
+                "at-most-once: acks before handling, so the {} batches that crashed after their ack \
+                 and the {} that crashed before commit lost {} orders; the {} duplicate publishes \
+                 were dropped by the server (the same Nats-Msg-Id inside the stream's duplicate \
+                 window) ({} duplicate effects).",
+                fired.crash_after_ack,
+                fired.crash_before_commit,
+                r.lost,
+                self.faults.duplicate_publishes,
+                r.duplicate_effects
+            ),
+            ("at-least-once", strategy) if broker_dedup => format!(
+                "at-least-once: acks after commit, so nothing is lost ({} lost), but the {} batches \
+                 that crashed after commit and the {} lost acks were delivered again and applied \
+                 again{} (the {} duplicate publishes were dropped by the server: the same \
+                 Nats-Msg-Id inside the stream's duplicate window): {} duplicate effects.",
+                r.lost,
+                fired.crash_after_commit,
+                fired.ack_lost,
+                if strategy == "claim" { " (each call with a new key)" } else { "" },
+                self.faults.duplicate_publishes,
+                r.duplicate_effects
+            ),
             (EXACTLY_ONCE, _) => format!(
                 "exactly-once (same database): the queue is a table of the business database, and \
                  each batch deleted its deliveries in the transaction of its payments: the {} \

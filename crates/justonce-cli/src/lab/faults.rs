@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use justonce::backend::StoreKind;
+use justonce::backend::{StoreKind, TransportKind};
 
 use super::proxy::{through, FaultProxy};
 use super::supervisor::{signal, Worker};
@@ -45,7 +45,7 @@ impl FaultClass {
         schema: &SchemaFault,
         busy: &Arc<AtomicUsize>,
         lease: Duration,
-        own_redis: Option<&mut justonce_redis::harness::OwnServer>,
+        own_broker: Option<&mut OwnBroker>,
         rng: &mut fastrand::Rng,
         counts: &mut FaultCounts,
     ) -> String {
@@ -95,14 +95,16 @@ impl FaultClass {
                 format!("blackhole {:.1}s", span.as_secs_f64())
             }
             FaultClass::BrokerRestart => {
-                if let Some(server) = own_redis {
+                if let Some(server) = own_broker {
                     server.kill().await;
                     tokio::time::sleep(Duration::from_secs(2)).await;
                     match server.restart().await {
                         Ok(()) => counts.broker_restarts += 1,
-                        Err(e) => eprintln!("lab: the lab's redis-server did not come back: {e}"),
+                        Err(e) => {
+                            eprintln!("lab: the lab's {} did not come back: {e}", server.name())
+                        }
                     }
-                    return "redis restart (SIGKILL)".into();
+                    return format!("{} restart (SIGKILL)", server.name());
                 }
                 let stopped = rabbitmqctl("stop_app").await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -263,4 +265,63 @@ async fn pg_restart() -> bool {
     })
     .await
     .unwrap_or(false)
+}
+
+/// A server the lab started itself to restart it: a Redis or a NATS, on a port and
+/// directory of its own; the servers at the URLs given are never restarted.
+pub(crate) enum OwnBroker {
+    /// A durable `redis-server`.
+    Redis(justonce_redis::harness::OwnServer),
+    /// A `nats-server` with JetStream.
+    Nats(justonce_nats::harness::OwnServer),
+}
+
+impl OwnBroker {
+    /// The lab's own server for `kind`; `None` for a transport whose restarts go to the
+    /// server at its URL (RabbitMQ, stopped and started as an app) or that has none.
+    pub(crate) async fn start(kind: TransportKind) -> anyhow::Result<Option<Self>> {
+        Ok(match kind {
+            TransportKind::Redis => Some(OwnBroker::Redis(
+                justonce_redis::harness::OwnServer::start_durable()
+                    .await
+                    .context("cannot start the lab's own redis-server (is it installed?)")?,
+            )),
+            TransportKind::Nats => Some(OwnBroker::Nats(
+                justonce_nats::harness::OwnServer::start(1 << 20)
+                    .await
+                    .context("cannot start the lab's own nats-server (is it installed?)")?,
+            )),
+            _ => None,
+        })
+    }
+
+    /// Its URL.
+    pub(crate) fn url(&self) -> String {
+        match self {
+            OwnBroker::Redis(s) => s.url(),
+            OwnBroker::Nats(s) => s.url(),
+        }
+    }
+
+    /// The server's program.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            OwnBroker::Redis(_) => "redis-server",
+            OwnBroker::Nats(_) => "nats-server",
+        }
+    }
+
+    async fn kill(&mut self) {
+        match self {
+            OwnBroker::Redis(s) => s.kill().await,
+            OwnBroker::Nats(s) => s.kill().await,
+        }
+    }
+
+    async fn restart(&mut self) -> std::io::Result<()> {
+        match self {
+            OwnBroker::Redis(s) => s.restart().await,
+            OwnBroker::Nats(s) => s.restart().await,
+        }
+    }
 }

@@ -97,9 +97,10 @@ impl FaultClass {
             // The producer's outbox lives in a SQL store.
             FaultClass::Relay => sql_store,
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
-            FaultClass::BrokerRestart => {
-                matches!(transport, TransportKind::Amqp | TransportKind::Redis)
-            }
+            FaultClass::BrokerRestart => matches!(
+                transport,
+                TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats
+            ),
             FaultClass::DbRestart => {
                 transport == TransportKind::Postgres || store == StoreKind::Postgres
             }
@@ -278,11 +279,12 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let pg = local(LocalService::Postgres);
     let my = local(LocalService::MariaDb);
     let redis = local(LocalService::Redis);
+    let nats = local(LocalService::Nats);
     // `None` is the embedded SQLite default; an unreachable service is left out.
     let transports: Vec<Option<String>> = [None]
         .into_iter()
         .chain(
-            [amqp, pg.clone(), redis.clone()]
+            [amqp, pg.clone(), redis.clone(), nats]
                 .into_iter()
                 .flatten()
                 .map(Some),
@@ -480,8 +482,9 @@ mod tests {
         let pg = Some("postgres://postgres@127.0.0.1:5432/test".to_owned());
         let my = Some("mysql://root@127.0.0.1:3306/test".to_owned());
         let redis = Some("redis://127.0.0.1:6379".to_owned());
+        let nats = Some("nats://127.0.0.1:4222".to_owned());
         (
-            vec![None, amqp, pg.clone(), redis.clone()],
+            vec![None, amqp, pg.clone(), redis.clone(), nats],
             vec![None, pg, my, redis],
         )
     }
@@ -521,6 +524,7 @@ mod tests {
             TransportKind::Amqp,
             TransportKind::Postgres,
             TransportKind::Redis,
+            TransportKind::Nats,
         ] {
             for class in FaultClass::ALL {
                 if class.applies(t, StoreKind::Postgres) {
@@ -535,11 +539,9 @@ mod tests {
             assert!(sample.iter().any(|c| c.1 == s), "{s:?}");
         }
         assert!(sample.contains(&(TransportKind::Sqlite, StoreKind::MySql, FaultClass::Schema)));
-        assert!(sample.contains(&(
-            TransportKind::Redis,
-            StoreKind::Postgres,
-            FaultClass::BrokerRestart
-        )));
+        for t in [TransportKind::Redis, TransportKind::Nats] {
+            assert!(sample.contains(&(t, StoreKind::Postgres, FaultClass::BrokerRestart)));
+        }
         assert!(!sample
             .iter()
             .any(|c| c.1 == StoreKind::Redis && c.2 == FaultClass::Relay));

@@ -12,7 +12,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
 
-use super::faults::{proxied, SchemaFault};
+use super::faults::{proxied, OwnBroker, SchemaFault};
 use super::plot::Samples;
 use super::protocol::LabPoint;
 use super::proxy::FaultProxy;
@@ -146,9 +146,10 @@ impl Scenario {
         let mut out = Vec::new();
         for f in &self.faults {
             let f = match (f, self.t_kind) {
-                (FaultClass::Relay, TransportKind::Amqp | TransportKind::Redis) => {
-                    FaultClass::BrokerRestart
-                }
+                (
+                    FaultClass::Relay,
+                    TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats,
+                ) => FaultClass::BrokerRestart,
                 (FaultClass::Relay, TransportKind::Postgres) => FaultClass::DbRestart,
                 (FaultClass::Relay, _) => continue,
                 (f, _) => *f,
@@ -182,19 +183,14 @@ impl Scenario {
     ) -> anyhow::Result<LabReport> {
         let tmp = tempfile::Builder::new().prefix("justonce-lab-").tempdir()?;
         let in_tmp = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
-        // A Redis the lab restarts is one it started itself, durable as the guide says a
-        // Redis must be; the server at the URL given is left alone.
-        let mut own_redis = if self.t_kind == TransportKind::Redis
-            && self.milestone_faults().contains(&FaultClass::BrokerRestart)
-        {
-            let server = justonce_redis::harness::OwnServer::start_durable()
-                .await
-                .context("cannot start the lab's own redis-server (is it installed?)")?;
-            Some(server)
+        // A Redis or NATS server the lab restarts is one it started itself (a Redis durable
+        // as the guide says it must be); the server at the URL given is left alone.
+        let mut own_broker = if self.milestone_faults().contains(&FaultClass::BrokerRestart) {
+            OwnBroker::start(self.t_kind).await?
         } else {
             None
         };
-        let transport = match &own_redis {
+        let transport = match &own_broker {
             Some(server) => server.url(),
             None => self.transport.clone().unwrap_or_else(|| in_tmp("queue.db")),
         };
@@ -383,7 +379,7 @@ impl Scenario {
                             &schema,
                             &busy,
                             self.lease,
-                            own_redis.as_mut(),
+                            own_broker.as_mut(),
                             &mut rng,
                             &mut counts,
                         )

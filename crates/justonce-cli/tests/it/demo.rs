@@ -156,10 +156,13 @@ fn fresh_uuids_per_publish_attempt_defeat_dedup() {
 
 #[test]
 fn a_backend_that_is_not_built_or_refuses_is_a_clear_error() {
-    let out = demo(&["--transport", "nats://127.0.0.1:4222", "--messages", "10"]);
+    let out = demo(&["--transport", "kafka://127.0.0.1:9092", "--messages", "10"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("the nats transport is not built yet"), "{err}");
+    assert!(
+        err.contains("the kafka transport is not built yet"),
+        "{err}"
+    );
     let out = demo(&[
         "--store",
         "redis://app:s3cret@127.0.0.1/0",
@@ -227,6 +230,38 @@ fn the_demo_on_redis_applies_every_order_once() {
         assert_eq!(n(alo, "lost"), 0, "{args:?}: {alo}");
         assert!(n(alo, "duplicate_effects") > 0, "{args:?}: {alo}");
     }
+}
+
+/// The demo on a NATS JetStream stream: effectively-once loses and doubles nothing,
+/// at-least-once doubles; and the server drops the planned duplicate publishes (the same
+/// `Nats-Msg-Id` inside the window), so at-most-once, where only those could double an
+/// effect, doubles none.
+#[test]
+fn the_demo_on_nats_applies_every_order_once_and_the_server_drops_duplicate_publishes() {
+    if !justonce_test::service_available("NATS", "127.0.0.1:4222") {
+        return;
+    }
+    let url = std::env::var("JUSTONCE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let r = json_demo(&[
+        "--transport",
+        url.as_str(),
+        "--messages",
+        "1500",
+        "--seed",
+        "3",
+    ]);
+    assert!(n(&r["faults"], "duplicate_publishes") > 0, "{r}");
+    let poison = n(&r["faults"], "poison");
+    let eo = row(&r, "effectively-once");
+    assert_eq!(n(eo, "lost"), 0, "{eo}");
+    assert_eq!(n(eo, "duplicate_effects"), 0, "{eo}");
+    assert!(n(eo, "deliveries") > n(eo, "sent"), "{eo}");
+    assert_eq!(n(eo, "dead_lettered"), poison, "{eo}");
+    let alo = row(&r, "at-least-once");
+    assert_eq!(n(alo, "lost"), 0, "{alo}");
+    assert!(n(alo, "duplicate_effects") > 0, "{alo}");
+    let amo = row(&r, "at-most-once");
+    assert_eq!(n(amo, "duplicate_effects"), 0, "{amo}");
 }
 
 #[test]

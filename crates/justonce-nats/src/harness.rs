@@ -1,0 +1,137 @@
+//! A `nats-server` of one's own, for tests and fault labs (feature `harness`): JetStream on
+//! a free port and a store directory of its own, killed when dropped, restartable as
+//! after a crash. The shared server a machine runs is never touched.
+
+use std::io;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// A `nats-server` process this program started.
+pub struct OwnServer {
+    child: Option<Child>,
+    port: u16,
+    config: std::path::PathBuf,
+    /// Removed when the server is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    /// Whether `nats-server` is on the `PATH` (or in `/usr/sbin`).
+    pub fn installed() -> bool {
+        binary().is_some()
+    }
+
+    /// Starts `nats-server` with JetStream on a free port of 127.0.0.1 and a temporary
+    /// store directory, with `max_payload` (bytes; the server's default is 1 MiB), and
+    /// waits until it answers.
+    pub async fn start(max_payload: usize) -> io::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = tempfile::Builder::new()
+            .prefix("justonce-nats-")
+            .tempdir()?;
+        let config = dir.path().join("nats.conf");
+        let store = dir.path().join("store");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: \"127.0.0.1:{port}\"\nmax_payload: {max_payload}\n\
+                 jetstream {{\n  store_dir: \"{}\"\n}}\n",
+                store.display()
+            ),
+        )?;
+        let mut server = OwnServer {
+            child: None,
+            port,
+            config,
+            _dir: dir,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and starts it again on the same port
+    /// and store directory: it comes back with what it had written to disk.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill().await;
+        self.spawn().await
+    }
+
+    /// Kills the server; [`OwnServer::restart`] or drop after.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    async fn spawn(&mut self) -> io::Result<()> {
+        let bin = binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?;
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !answers(self.port).await {
+            if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                return Err(io::Error::other(format!(
+                    "nats-server on port {} exited with {status}",
+                    self.port
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("nats-server on port {} did not answer in 10 s", self.port),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+fn binary() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.push("/usr/sbin".into());
+    dirs.into_iter()
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+/// Whether the server at `port` sends its `INFO` line, with JetStream ready.
+async fn answers(port: u16) -> bool {
+    let Ok(client) = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_millis(500))
+        .connect(format!("nats://127.0.0.1:{port}"))
+        .await
+    else {
+        return false;
+    };
+    // JetStream answers its API once it has read its store.
+    matches!(
+        client.request("$JS.API.INFO", "".into()).await,
+        Ok(m) if !m.payload.is_empty() && !m.payload.windows(7).any(|w| w == b"\"error\"")
+    )
+}

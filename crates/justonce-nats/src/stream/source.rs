@@ -1,0 +1,400 @@
+//! Receiving from the pull consumer, and settling what was received.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use async_nats::{StatusCode, Subject};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::future::join_all;
+use futures_util::StreamExt;
+use justonce_core::{DeadLetterReason, Delivery, Error, ErrorKind, Receipt, Result, Source};
+use tracing::{debug, warn};
+
+use super::{lock, reply_timeout, request_error, Held, NatsStream, Token};
+use crate::codec;
+use crate::options::Retention;
+
+/// How long a no-wait pull request may take to answer.
+const NO_WAIT_ANSWER: Duration = Duration::from_millis(500);
+
+impl NatsStream {
+    /// One pull request: `batch` messages at most; with `expires`, waits that long for
+    /// them, else answers at once with what is there.
+    async fn pull(
+        &self,
+        batch: usize,
+        expires: Option<Duration>,
+    ) -> Result<Vec<async_nats::Message>> {
+        let i = &self.inner;
+        let inbox = i.client.new_inbox();
+        let mut sub = i.client.subscribe(inbox.clone()).await.map_err(|e| {
+            Error::with_source(ErrorKind::Io, "subscribing to a pull request's inbox", e)
+        })?;
+        let request = match expires {
+            Some(e) => serde_json::json!({ "batch": batch, "expires": e.as_nanos() as u64 }),
+            None => serde_json::json!({ "batch": batch, "no_wait": true }),
+        };
+        i.client
+            .publish_with_reply(i.next_subject.clone(), inbox, request.to_string().into())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Io, "sending a pull request", e))?;
+        let deadline = tokio::time::Instant::now()
+            + match expires {
+                Some(e) => e + reply_timeout(i),
+                None => NO_WAIT_ANSWER,
+            };
+        let mut out = Vec::with_capacity(batch.min(1024));
+        while out.len() < batch {
+            let m = match tokio::time::timeout_at(deadline, sub.next()).await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(_) if out.is_empty() && expires.is_none() => {
+                    // 2.9 leaves a no-wait request unanswered while the consumer counts a
+                    // message it will not deliver (one past max_deliver): nothing now.
+                    debug!(consumer = %i.opts.consumer, "a no-wait pull request got no answer");
+                    break;
+                }
+                Err(_) => break,
+            };
+            match m.status {
+                None | Some(StatusCode::OK) => out.push(m),
+                Some(StatusCode::IDLE_HEARTBEAT) => {}
+                Some(StatusCode::NOT_FOUND) | Some(StatusCode::TIMEOUT) => break,
+                Some(StatusCode::REQUEST_TERMINATED) => {
+                    // 409: the consumer is at max_ack_pending, or the request was cut.
+                    debug!(description = ?m.description, "pull request ended by the server");
+                    break;
+                }
+                Some(StatusCode::NO_RESPONDERS) => {
+                    return Err(Error::new(
+                        ErrorKind::Connect,
+                        format!(
+                            "no consumer `{}` on stream `{}` answered (deleted, or JetStream \
+                             is down)",
+                            i.opts.consumer, i.opts.stream
+                        ),
+                    ))
+                }
+                Some(other) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        format!(
+                            "a pull request on consumer `{}` failed: {other} {}",
+                            i.opts.consumer,
+                            m.description.unwrap_or_default()
+                        ),
+                    ))
+                }
+            }
+        }
+        let _ = sub.unsubscribe().await;
+        Ok(out)
+    }
+
+    /// Deliveries of pulled messages, each held by this source.
+    fn deliveries(&self, pulled: Vec<async_nats::Message>) -> Vec<Delivery> {
+        let now = Instant::now();
+        let mut held = lock(&self.inner.held);
+        let mut out = Vec::with_capacity(pulled.len());
+        for m in pulled {
+            let Some(reply) = m.reply.clone() else {
+                warn!(subject = %m.subject, "a pulled message without an ack subject; skipped");
+                continue;
+            };
+            let Some(info) = codec::ack_info(reply.as_str()) else {
+                warn!(reply = %reply, "a pulled message with an ack subject justonce cannot read; skipped");
+                continue;
+            };
+            let d = codec::decode(m.headers.as_ref(), &m.payload);
+            let attempt = u32::try_from(info.delivered)
+                .unwrap_or(u32::MAX)
+                .saturating_add(d.before);
+            held.insert(
+                info.stream_seq,
+                Held {
+                    delivered: info.delivered,
+                    reply: reply.clone(),
+                    touched: now,
+                },
+            );
+            out.push(Delivery {
+                message: d.message,
+                attempt,
+                redelivered: info.delivered > 1 || d.copy,
+                receipt: Receipt::new(Token {
+                    stream_seq: info.stream_seq,
+                    delivered: info.delivered,
+                    attempt,
+                    reply,
+                }),
+            });
+        }
+        out
+    }
+
+    fn token(r: &Receipt) -> Result<&Token> {
+        r.downcast_ref::<Token>().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "a receipt from another transport was settled on a NATS stream",
+            )
+        })
+    }
+
+    /// Lets go of `t` if this source holds that very delivery; answers whether it is
+    /// still to be settled (`false` for a receipt of a delivery that came back since).
+    fn unhold(&self, t: &Token) -> bool {
+        let mut held = lock(&self.inner.held);
+        match held.get(&t.stream_seq) {
+            Some(h) if h.delivered != t.delivered => false,
+            Some(_) => {
+                held.remove(&t.stream_seq);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Sends `body` to each ack subject and knows the server took every one: all but the
+    /// last go as plain messages and the last as a request, whose reply says the ones
+    /// before it were taken too. The server queues one consumer's acks in the order one
+    /// connection sent them and answers each after taking it, and the client writes its
+    /// messages in order. That holds on one connection only: when the client connected
+    /// again meanwhile (a plain ack may have died with the old socket), or the last reply
+    /// did not come, each is sent again as a request of its own.
+    pub(super) async fn settle_all(&self, body: &'static str, replies: Vec<Subject>) -> Result<()> {
+        let client = &self.inner.client;
+        let payload = Bytes::from_static(body.as_bytes());
+        let Some((last, before)) = replies.split_last() else {
+            return Ok(());
+        };
+        let stats = client.statistics();
+        let connects = stats.connects.load(Ordering::SeqCst);
+        let mut sent = true;
+        for reply in before {
+            if client
+                .publish(reply.clone(), payload.clone())
+                .await
+                .is_err()
+            {
+                sent = false;
+                break;
+            }
+        }
+        if sent {
+            let answered = client.request(last.clone(), payload.clone()).await.is_ok();
+            if answered && stats.connects.load(Ordering::SeqCst) == connects {
+                return Ok(());
+            }
+        }
+        let results = join_all(replies.iter().map(|reply| {
+            let payload = payload.clone();
+            async move { client.request(reply.clone(), payload).await.map(|_| ()) }
+        }))
+        .await;
+        for r in results {
+            r.map_err(|e| {
+                request_error(
+                    format!("`{body}` of a delivery (its reply did not come)"),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn settle_one(&self, body: String, reply: Subject) -> Result<()> {
+        self.inner
+            .client
+            .request(reply, body.clone().into())
+            .await
+            .map_err(|e| {
+                request_error(
+                    format!("`{body}` of a delivery (its reply did not come)"),
+                    e,
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Whether `t` was the last delivery the consumer allows.
+    fn last_allowed(&self, t: &Token) -> bool {
+        self.inner
+            .opts
+            .max_deliver
+            .is_some_and(|max| t.delivered >= u64::from(max))
+    }
+}
+
+#[async_trait]
+impl Source for NatsStream {
+    fn queue(&self) -> &str {
+        &self.inner.opts.stream
+    }
+
+    fn system(&self) -> &'static str {
+        "nats"
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let got = self.pull(max, None).await?;
+        if !got.is_empty() {
+            return Ok(self.deliveries(got));
+        }
+        if wait.is_zero() {
+            return Ok(Vec::new());
+        }
+        // Wait for one, then take what else is there: a request for the whole batch
+        // would go on delivering after this receive returned.
+        let first = self
+            .pull(1, Some(wait.max(Duration::from_millis(10))))
+            .await?;
+        if first.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut all = self.deliveries(first);
+        if max > 1 {
+            match self.pull(max - 1, None).await {
+                Ok(more) => all.extend(self.deliveries(more)),
+                Err(e) => debug!(error = %e, "taking the rest of a batch failed"),
+            }
+        }
+        Ok(all)
+    }
+
+    /// Double acks: each ack waits for the server's reply. A receipt of a delivery that
+    /// came back to this source since is ignored; one that went to another worker is
+    /// acked (the server takes it: the commit it follows is what counts).
+    async fn ack(&self, receipts: &[&Receipt]) -> Result<()> {
+        let mut replies = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            let t = Self::token(r)?;
+            if self.unhold(t) {
+                replies.push(t.reply.clone());
+            }
+        }
+        self.settle_all("+ACK", replies).await
+    }
+
+    /// `-NAK` with the delay. The last delivery `max_deliver` allows is dead-lettered
+    /// instead: a nack would leave it in the stream, never delivered again.
+    async fn nack(&self, receipt: &Receipt, delay: Duration) -> Result<()> {
+        let t = Self::token(receipt)?;
+        if !self.unhold(t) {
+            return Ok(());
+        }
+        if self.last_allowed(t) {
+            let max = self.inner.opts.max_deliver.unwrap_or(0);
+            return self
+                .dead_letter_seq(
+                    t,
+                    format!(
+                        "its last allowed delivery ({} of max_deliver {max}) failed and was to \
+                         be retried",
+                        t.delivered
+                    ),
+                )
+                .await;
+        }
+        let body = if delay.is_zero() {
+            "-NAK".to_owned()
+        } else {
+            format!("-NAK {{\"delay\":{}}}", delay.as_nanos())
+        };
+        self.settle_one(body, t.reply.clone()).await
+    }
+
+    /// On a work-queue stream: a copy with the attempts so far, then an ack, so no
+    /// attempt is counted and `max_deliver` comes no closer. On other retentions a copy
+    /// would reach every consumer of the subject, so a release is a `-NAK` there, which
+    /// counts an attempt.
+    async fn release(&self, receipts: &[&Receipt]) -> Result<()> {
+        let tokens: Vec<&Token> = receipts
+            .iter()
+            .map(|r| Self::token(r))
+            .collect::<Result<_>>()?;
+        let live: Vec<&Token> = tokens.into_iter().filter(|t| self.unhold(t)).collect();
+        if self.inner.retention != Retention::WorkQueue {
+            return self
+                .settle_all("-NAK", live.iter().map(|t| t.reply.clone()).collect())
+                .await;
+        }
+        let mut first_error = None;
+        for t in live {
+            if let Err(e) = self.release_one(t).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Writes the message and its reason to the dead-letter stream, waits for the
+    /// PubAck, then terminates the delivery.
+    async fn dead_letter(&self, delivery: &Delivery, reason: &DeadLetterReason) -> Result<()> {
+        let t = Self::token(&delivery.receipt)?;
+        if !self.unhold(t) {
+            return Ok(());
+        }
+        self.write_dead(t.stream_seq, &delivery.message, reason)
+            .await?;
+        self.terminate(t, &reason.error).await
+    }
+
+    /// Stops keeping what this source holds: its deliveries come back after `ack_wait`,
+    /// as a dead process's would.
+    async fn abandon(&self) {
+        lock(&self.inner.held).clear();
+    }
+
+    fn redelivery_delay(&self) -> Duration {
+        self.inner.opts.lease
+    }
+}
+
+impl NatsStream {
+    async fn release_one(&self, t: &Token) -> Result<()> {
+        let Some(m) = self.stored(t.stream_seq).await? else {
+            return Ok(());
+        };
+        let d = codec::decode(Some(&m.headers), &m.payload);
+        let dedup = format!(
+            "{}.{}.{}.{}",
+            self.inner.opts.stream, self.inner.opts.consumer, t.stream_seq, t.delivered
+        );
+        let (headers, payload) =
+            codec::encode_copy(&d.message, &dedup, Some(t.attempt.saturating_sub(1)));
+        self.publish_raw(&self.inner.opts.subject, headers, payload)
+            .await?;
+        self.settle_one("+ACK".into(), t.reply.clone()).await
+    }
+
+    /// `+TERM`, with the reason where the server takes one (2.10.4 and later; earlier
+    /// servers ignore a `+TERM <reason>` and deliver the message again).
+    pub(super) async fn terminate(&self, t: &Token, reason: &str) -> Result<()> {
+        let body = if self.inner.version.term_takes_a_reason() {
+            format!("+TERM {}", reason.replace(['\r', '\n'], " "))
+        } else {
+            "+TERM".to_owned()
+        };
+        self.settle_one(body, t.reply.clone()).await
+    }
+
+    /// Dead-letters the message at `t` with `why`, reading it from the stream.
+    async fn dead_letter_seq(&self, t: &Token, why: String) -> Result<()> {
+        if let Some(m) = self.stored(t.stream_seq).await? {
+            let d = codec::decode(Some(&m.headers), &m.payload);
+            let reason = DeadLetterReason {
+                error: why.clone(),
+                attempts: t.attempt,
+                source_queue: self.inner.opts.stream.clone(),
+                consumer: self.inner.opts.consumer.clone(),
+            };
+            self.write_dead(t.stream_seq, &d.message, &reason).await?;
+        }
+        self.terminate(t, &why).await
+    }
+}

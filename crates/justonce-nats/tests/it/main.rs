@@ -1,0 +1,362 @@
+//! The NATS transport against real servers: the shared one (JUSTONCE_NATS_URL, default the
+//! local :4222), each test on streams of its own, and `nats-server`s the tests start
+//! themselves (on ports and store directories of their own) where a server must restart
+//! or take larger messages than the default 1 MiB.
+
+use std::time::Duration;
+
+use justonce_core::{ErrorKind, Inspect, Message, Publisher, Source};
+use justonce_nats::harness::OwnServer;
+use justonce_nats::{NatsOptions, NatsStream, Retention};
+use justonce_test::unique_name;
+
+fn url() -> Option<String> {
+    let url = std::env::var("JUSTONCE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    justonce_test::service_available("NATS", "127.0.0.1:4222").then_some(url)
+}
+
+/// A server of the test's own; `None` when `nats-server` is missing and services are not
+/// required.
+async fn own(max_payload: usize) -> Option<OwnServer> {
+    if !OwnServer::installed() {
+        assert!(
+            std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "nats-server is not installed and JUSTONCE_REQUIRE_SERVICES=1"
+        );
+        eprintln!("SKIPPED: nats-server is not installed");
+        return None;
+    }
+    Some(
+        OwnServer::start(max_payload)
+            .await
+            .expect("nats-server starts"),
+    )
+}
+
+fn name(test: &str) -> String {
+    unique_name(&format!("jo-{test}")).replace(['.', ':'], "-")
+}
+
+fn opts(test: &str, lease_ms: u64) -> NatsOptions {
+    NatsOptions::new(name(test)).lease(Duration::from_millis(lease_ms))
+}
+
+fn msg(id: &str) -> Message {
+    Message::new(format!("payload {id}")).with_id(id).unwrap()
+}
+
+/// The transport contract. On a server of each test's own: the contract sends a message
+/// over 1 MiB, and the default server takes at most 1 MiB (`max_payload`).
+mod contract {
+    use super::*;
+    use justonce_test::{transport::Queue, Backend};
+
+    justonce_test::transport_tests!(|| async {
+        let server = own(4 << 20).await?;
+        let q = NatsStream::connect(&server.url(), opts("contract", 300))
+            .await
+            .unwrap();
+        Some(Backend::new(Queue::new(q, Duration::from_millis(300))).keeping(server))
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_id_published_twice_inside_the_window_is_one_stream_message() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("dedup", 5000))
+        .await
+        .unwrap();
+    q.publish(&msg("ORD-1")).await.unwrap();
+    q.publish(&msg("ORD-1")).await.unwrap();
+    q.publish_batch(&[msg("ORD-1"), msg("ORD-2")])
+        .await
+        .unwrap();
+    assert_eq!(q.publish_duplicates(), 2, "two PubAcks said duplicate");
+    assert_eq!(
+        q.pending().await.unwrap(),
+        2,
+        "two stream messages, not four"
+    );
+    let got = q.receive(10, Duration::from_secs(1)).await.unwrap();
+    let ids: Vec<_> = got
+        .iter()
+        .map(|d| d.message.id().unwrap().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["ORD-1", "ORD-2"]);
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_shorter_than_the_retry_horizon_refuses_to_start() {
+    let Some(url) = url() else { return };
+    // In the options themselves.
+    let e = NatsStream::connect(
+        &url,
+        opts("window", 5000)
+            .duplicate_window(Duration::from_secs(30))
+            .retry_horizon(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.to_string().contains("duplicate_window"), "{e}");
+    // On a stream that exists with a short window.
+    let o = opts("window", 5000)
+        .duplicate_window(Duration::from_secs(10))
+        .retry_horizon(Duration::from_secs(5));
+    let q = NatsStream::connect(&url, o.clone()).await.unwrap();
+    let e = NatsStream::connect(
+        &url,
+        o.retry_horizon(Duration::from_secs(60))
+            .duplicate_window(Duration::from_secs(120)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(
+        e.to_string().contains("10s") && e.to_string().contains("60s"),
+        "the error names both durations: {e}"
+    );
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_memory_or_of_another_retention_is_refused() {
+    let Some(url) = url() else { return };
+    let client = async_nats::connect(&url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mem = name("memory");
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: mem.clone(),
+        subjects: vec![mem.clone()],
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let e = NatsStream::connect(&url, NatsOptions::new(&mem))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.to_string().contains("memory"), "{e}");
+    js.delete_stream(&mem).await.unwrap();
+
+    let q = NatsStream::connect(&url, opts("retention", 5000).retention(Retention::Limits))
+        .await
+        .unwrap();
+    let e = NatsStream::connect(&url, q.options().clone().retention(Retention::WorkQueue))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.to_string().contains("limits retention"), "{e}");
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_over_max_payload_is_refused_and_nothing_is_stored() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("big", 5000)).await.unwrap();
+    let big = Message::new(vec![b'x'; q.max_payload() + 1])
+        .with_id("BIG-1")
+        .unwrap();
+    let e = q.publish(&big).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("max_payload"), "{e}");
+    assert_eq!(q.pending().await.unwrap(), 0);
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_nats_msg_id_is_delivered_without_an_id() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("noid", 5000)).await.unwrap();
+    // A producer that is not justonce: a plain JetStream publish, no header.
+    let js = async_nats::jetstream::new(q.client().clone());
+    js.publish(q.options().subject.clone(), "raw".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let got = q.receive(10, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].message.id().is_none(),
+        "no Nats-Msg-Id, no id: the consumer dead-letters it"
+    );
+    q.ack(&[&got[0].receipt]).await.unwrap();
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_or_a_wrong_url_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = NatsStream::connect(&format!("nats://127.0.0.1:{port}"), NatsOptions::new("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
+    assert!(e.to_string().contains("cannot connect to NATS"), "{e}");
+    let e = NatsStream::connect("http://127.0.0.1:4222", NatsOptions::new("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let e = NatsStream::connect("nats://127.0.0.1:4222", NatsOptions::new("a.b"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_allowed_delivery_is_dead_lettered_not_nacked() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("lastnack", 300).max_deliver(Some(2)))
+        .await
+        .unwrap();
+    q.publish(&msg("ORD-1")).await.unwrap();
+    let d = q
+        .receive(1, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .remove(0);
+    q.nack(&d.receipt, Duration::ZERO).await.unwrap();
+    let d = q
+        .receive(1, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(d.attempt, 2);
+    q.nack(&d.receipt, Duration::ZERO).await.unwrap();
+    let letters = q.dead_letters().await.unwrap();
+    assert_eq!(
+        letters.len(),
+        1,
+        "the second nack of max_deliver 2 dead-letters"
+    );
+    assert!(
+        letters[0].reason.error.contains("max_deliver"),
+        "{}",
+        letters[0].reason.error
+    );
+    assert_eq!(q.pending().await.unwrap(), 0);
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_workers_all_died_is_dead_lettered_from_the_advisory() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("advisory", 300).max_deliver(Some(2)))
+        .await
+        .unwrap();
+    q.publish(&msg("ORD-1")).await.unwrap();
+    for attempt in 1..=2 {
+        let d = q.receive(1, Duration::from_secs(3)).await.unwrap();
+        assert_eq!(d.len(), 1, "delivery {attempt}");
+        q.abandon().await; // the worker dies holding it
+    }
+    // The server sends the advisory when a pull finds the message past max_deliver: a
+    // live worker goes on receiving, and gets nothing more of it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let letters = loop {
+        let again = q.receive(1, Duration::from_millis(300)).await.unwrap();
+        assert!(again.is_empty(), "nothing is delivered past max_deliver");
+        let l = q.dead_letters().await.unwrap();
+        if !l.is_empty() || std::time::Instant::now() > deadline {
+            break l;
+        }
+    };
+    assert_eq!(
+        letters.len(),
+        1,
+        "dead-lettered from the MAX_DELIVERIES advisory"
+    );
+    assert_eq!(letters[0].message.id().unwrap().as_str(), "ORD-1");
+    assert!(letters[0].reason.error.contains("never settled"));
+    assert_eq!(q.pending().await.unwrap(), 0);
+    assert!(q
+        .receive(1, Duration::from_millis(900))
+        .await
+        .unwrap()
+        .is_empty());
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_held_past_half_its_ack_wait_is_kept_with_wpi() {
+    let Some(url) = url() else { return };
+    let o = opts("wpi", 400);
+    let a = NatsStream::connect(&url, o.clone()).await.unwrap();
+    let b = NatsStream::connect(&url, o).await.unwrap();
+    a.publish(&msg("ORD-1")).await.unwrap();
+    let d = a
+        .receive(1, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .remove(0);
+    // Four ack_waits: without +WPI the server would have delivered it to `b` by now.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let stolen = b.receive(10, Duration::from_millis(300)).await.unwrap();
+    assert!(stolen.is_empty(), "a kept delivery is not delivered again");
+    a.ack(&[&d.receipt]).await.unwrap();
+    assert_eq!(a.pending().await.unwrap(), 0);
+    a.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_create_off_the_consumer_is_checked_and_its_own_limits_are_used() {
+    let Some(url) = url() else { return };
+    let owned = NatsStream::connect(&url, opts("owned", 1000).max_deliver(Some(7)))
+        .await
+        .unwrap();
+    let tool = NatsStream::connect(
+        &url,
+        NatsOptions::new(&owned.options().stream).create(false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(tool.options().lease, Duration::from_millis(1000));
+    assert_eq!(tool.options().max_deliver, Some(7));
+    let e = NatsStream::connect(
+        &url,
+        NatsOptions::new(&owned.options().stream)
+            .consumer("nobody")
+            .create(false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.to_string().contains("no consumer `nobody`"), "{e}");
+    let e = NatsStream::connect(&url, NatsOptions::new(name("absent")).create(false))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no JetStream stream"), "{e}");
+    owned.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_an_ack_of_a_batch_returns_the_server_holds_none_of_it() {
+    let Some(url) = url() else { return };
+    let q = NatsStream::connect(&url, opts("batchack", 5000))
+        .await
+        .unwrap();
+    let msgs: Vec<Message> = (0..300).map(|i| msg(&format!("ORD-{i}"))).collect();
+    q.publish_batch(&msgs).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 300 {
+        let more = q.receive(300, Duration::from_secs(2)).await.unwrap();
+        assert!(!more.is_empty(), "all 300 are delivered");
+        got.extend(more);
+    }
+    assert_eq!(q.pending().await.unwrap(), 300, "all delivered, none acked");
+    let receipts: Vec<_> = got.iter().map(|d| &d.receipt).collect();
+    q.ack(&receipts).await.unwrap();
+    // No wait: the last ack's reply comes after the server took every ack before it.
+    assert_eq!(
+        q.pending().await.unwrap(),
+        0,
+        "every ack was taken before ack returned"
+    );
+    q.cleanup().await.unwrap();
+}
