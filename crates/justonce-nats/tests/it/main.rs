@@ -360,3 +360,48 @@ async fn once_an_ack_of_a_batch_returns_the_server_holds_none_of_it() {
     );
     q.cleanup().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_ran_out_while_no_worker_listened_is_dead_lettered_by_the_next() {
+    let Some(url) = url() else { return };
+    let o = opts("restartdl", 300).max_deliver(Some(2));
+    {
+        let dying = NatsStream::connect(&url, o.clone()).await.unwrap();
+        dying
+            .publish_batch(&[msg("ORD-1"), msg("ORD-2")])
+            .await
+            .unwrap();
+        for attempt in 1..=2 {
+            let d = dying.receive(1, Duration::from_secs(2)).await.unwrap();
+            assert_eq!(d[0].message.id().unwrap().as_str(), "ORD-1");
+            assert_eq!(d[0].attempt, attempt);
+            dying.abandon().await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        // The worker dies before any pull could make the server report ORD-1.
+    }
+    let next = NatsStream::connect(&url, o).await.unwrap();
+    let got = next.receive(10, Duration::from_millis(500)).await.unwrap();
+    let ids: Vec<_> = got
+        .iter()
+        .map(|d| d.message.id().unwrap().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["ORD-2"], "ORD-1 is past max_deliver");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let letters = loop {
+        let l = next.dead_letters().await.unwrap();
+        if !l.is_empty() || std::time::Instant::now() > deadline {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        letters.len(),
+        1,
+        "the next worker heard the advisory its first pull caused"
+    );
+    assert_eq!(letters[0].message.id().unwrap().as_str(), "ORD-1");
+    next.ack(&[&got[0].receipt]).await.unwrap();
+    assert_eq!(next.pending().await.unwrap(), 0);
+    next.cleanup().await.unwrap();
+}
