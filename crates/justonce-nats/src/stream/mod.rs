@@ -15,7 +15,6 @@ use async_nats::Subject;
 use justonce_core::{Error, Result};
 use tracing::debug;
 
-use crate::error;
 use crate::options::{NatsOptions, Retention};
 pub use topology::ServerVersion;
 
@@ -251,5 +250,3 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn reply_timeout(i: &Inner) -> Duration {
     i.opts.request_timeout
 }
-
-pub(crate) use error::request as request_error;

@@ -11,11 +11,12 @@ use futures_util::StreamExt;
 use justonce_core::{DeadLetterReason, Delivery, Error, ErrorKind, Receipt, Result, Source};
 use tracing::{debug, warn};
 
-use super::{lock, reply_timeout, request_error, Held, NatsStream, Token};
+use super::{lock, reply_timeout, Held, NatsStream, Token};
 use crate::codec;
+use crate::error::request as request_error;
 use crate::options::Retention;
 
-/// How long a no-wait pull request may take to answer.
+/// How long a no-wait pull request may take to answer, or to send its next message.
 const NO_WAIT_ANSWER: Duration = Duration::from_millis(500);
 
 impl NatsStream {
@@ -39,13 +40,17 @@ impl NatsStream {
             .publish_with_reply(i.next_subject.clone(), inbox, request.to_string().into())
             .await
             .map_err(|e| Error::with_source(ErrorKind::Io, "sending a pull request", e))?;
-        let deadline = tokio::time::Instant::now()
+        let mut deadline = tokio::time::Instant::now()
             + match expires {
                 Some(e) => e + reply_timeout(i),
                 None => NO_WAIT_ANSWER,
             };
         let mut out = Vec::with_capacity(batch.min(1024));
         while out.len() < batch {
+            if expires.is_none() && !out.is_empty() {
+                // A batch of large messages takes a while to arrive: wait from the last one.
+                deadline = tokio::time::Instant::now() + NO_WAIT_ANSWER;
+            }
             let m = match tokio::time::timeout_at(deadline, sub.next()).await {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
