@@ -41,6 +41,12 @@ where
     Error::with_source(kind, context.to_string(), e)
 }
 
+/// Whether the server said what was asked for (a stream, a consumer, a message) is not
+/// there.
+pub(crate) fn not_found(e: &dyn std::fmt::Display) -> bool {
+    e.to_string().contains("not found")
+}
+
 /// Connecting failed: say where, without the password.
 pub(crate) fn connect(url: &str, e: async_nats::ConnectError) -> Error {
     use async_nats::ConnectErrorKind as K;

@@ -124,6 +124,13 @@ impl TransportKind {
         }
     }
 
+    /// Whether the transport drops a second publish of a message id it stored recently
+    /// (NATS: the same `Nats-Msg-Id` inside the stream's duplicate window), so a
+    /// publisher's retry never reaches a consumer.
+    pub fn drops_republished_ids(self) -> bool {
+        matches!(self, TransportKind::Nats)
+    }
+
     /// The cargo feature of `justonce` that builds it.
     pub fn feature(self) -> &'static str {
         match self {
@@ -455,7 +462,7 @@ impl Transport {
                     .lease(opts.lease)
                     .create(opts.create);
                 let q = Arc::new(justonce_sql::SqliteQueue::open_with(url, queue, o).await?);
-                Ok(Self::sql(kind, q, None))
+                Ok(Self::one(kind, q, true, None))
             }
             #[cfg(feature = "postgres")]
             TransportKind::Postgres => {
@@ -464,7 +471,7 @@ impl Transport {
                     .create(opts.create);
                 let q = Arc::new(justonce_sql::PgQueue::open_with(url, queue, o).await?);
                 let ack: Arc<dyn TransactionalAck<justonce_sql::PgTx>> = q.clone();
-                Ok(Self::sql(kind, q, Some(Arc::new(ack))))
+                Ok(Self::one(kind, q, true, Some(Arc::new(ack))))
             }
             #[cfg(feature = "amqp")]
             TransportKind::Amqp => {
@@ -512,13 +519,7 @@ impl Transport {
                     o = o.consumer(name.clone());
                 }
                 let q = Arc::new(justonce_redis::RedisStream::connect(url, o).await?);
-                Ok(Transport {
-                    kind,
-                    source: consume.then(|| q.clone() as Arc<dyn Source>),
-                    publisher: q.clone(),
-                    inspect: q,
-                    tx_ack: None,
-                })
+                Ok(Self::one(kind, q, consume, None))
             }
             #[cfg(feature = "nats")]
             TransportKind::Nats => {
@@ -527,13 +528,7 @@ impl Transport {
                     .lease(opts.lease)
                     .create(opts.create);
                 let q = Arc::new(justonce_nats::NatsStream::connect(url, o).await?);
-                Ok(Transport {
-                    kind,
-                    source: consume.then(|| q.clone() as Arc<dyn Source>),
-                    publisher: q.clone(),
-                    inspect: q,
-                    tx_ack: None,
-                })
+                Ok(Self::one(kind, q, consume, None))
             }
             #[allow(unreachable_patterns)]
             _ => Err(Error::config(format!(
@@ -544,15 +539,21 @@ impl Transport {
         }
     }
 
-    /// A SQL queue: one object consumes, publishes and is counted.
+    /// One object publishes and is counted, and consumes when `consume` (a SQL queue, a
+    /// Redis or NATS stream).
     #[allow(dead_code)]
-    fn sql<Q>(kind: TransportKind, q: Arc<Q>, tx_ack: Option<Arc<dyn Any + Send + Sync>>) -> Self
+    fn one<Q>(
+        kind: TransportKind,
+        q: Arc<Q>,
+        consume: bool,
+        tx_ack: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Self
     where
         Q: Source + Publisher + Inspect + 'static,
     {
         Transport {
             kind,
-            source: Some(q.clone()),
+            source: consume.then(|| q.clone() as Arc<dyn Source>),
             publisher: q.clone(),
             inspect: q,
             tx_ack,

@@ -205,12 +205,7 @@ pub(crate) async fn bare_redis<B: Bank>(
             anyhow::Ok(())
         }));
     }
-    Ok(tokio::spawn(async move {
-        for t in tasks {
-            t.await??;
-        }
-        Ok(())
-    }))
+    Ok(joined(tasks))
 }
 
 /// The bare baseline on NATS JetStream: async-nats directly, on the durable pull consumer
@@ -245,27 +240,25 @@ pub(crate) async fn bare_nats<B: Bank>(
         let batch = args.batch;
         tasks.push(tokio::spawn(async move {
             while !*stop.borrow() {
-                let mut got = Vec::with_capacity(batch);
-                let mut fetched = consumer
-                    .fetch()
-                    .max_messages(batch)
-                    .messages()
+                let fetched = consumer.fetch().max_messages(batch).messages();
+                let mut got: Vec<_> = fetched
+                    .await
+                    .map_err(|e| anyhow::anyhow!("fetch: {e}"))?
+                    .try_collect()
                     .await
                     .map_err(|e| anyhow::anyhow!("fetch: {e}"))?;
-                while let Some(m) = fetched.next().await {
-                    got.push(m.map_err(|e| anyhow::anyhow!("fetch: {e}"))?);
-                }
                 if got.is_empty() {
-                    let mut waited = consumer
+                    let waited = consumer
                         .batch()
                         .max_messages(batch)
                         .expires(Duration::from_millis(100))
-                        .messages()
+                        .messages();
+                    got = waited
+                        .await
+                        .map_err(|e| anyhow::anyhow!("batch: {e}"))?
+                        .try_collect()
                         .await
                         .map_err(|e| anyhow::anyhow!("batch: {e}"))?;
-                    while let Some(m) = waited.next().await {
-                        got.push(m.map_err(|e| anyhow::anyhow!("batch: {e}"))?);
-                    }
                 }
                 if got.is_empty() {
                     continue;
@@ -279,12 +272,17 @@ pub(crate) async fn bare_nats<B: Bank>(
             anyhow::Ok(())
         }));
     }
-    Ok(tokio::spawn(async move {
+    Ok(joined(tasks))
+}
+
+/// One task that awaits `tasks` in turn, failing with the first error it meets.
+pub(crate) fn joined(tasks: Vec<Running>) -> Running {
+    tokio::spawn(async move {
         for t in tasks {
             t.await??;
         }
         Ok(())
-    }))
+    })
 }
 
 /// The entries of an `XREADGROUP` reply (RESP2: `[[stream, [[id, [field, value, …]], …]]]`,

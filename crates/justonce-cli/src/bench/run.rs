@@ -27,7 +27,7 @@ use justonce::{Consumer, ConsumerOptions, Message, Semantics};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::bare::{bare_amqp, bare_nats, bare_redis, bare_source};
+use super::bare::{bare_amqp, bare_nats, bare_redis, bare_source, joined};
 use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
 use super::server::{deadlocks, settle};
 use super::Variant;
@@ -530,12 +530,7 @@ async fn start<B: Bank>(
                     bare_source(source, bank, tables, batch, clock, stop).await
                 }));
             }
-            return Ok(tokio::spawn(async move {
-                for t in tasks {
-                    t.await??;
-                }
-                Ok(())
-            }));
+            return Ok(joined(tasks));
         }
         Variant::AtMostOnce => Semantics::AtMostOnce,
         Variant::AtLeastOnce => Semantics::AtLeastOnce,

@@ -157,6 +157,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         id_strategy: args.id_strategy.as_str().into(),
         faults: plan.planned(),
         rows: Vec::new(),
+        broker_dedup: transport.drops_republished_ids(),
     };
     let mut variants: Vec<Variant> = Semantics::ALL
         .into_iter()

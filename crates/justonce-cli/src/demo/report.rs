@@ -21,6 +21,10 @@ pub(crate) struct Report {
     /// The faults the seed planned (crash counts: messages marked to crash their batch).
     pub(crate) faults: FaultCounts,
     pub(crate) rows: Vec<Row>,
+    /// The transport drops the planned duplicate publishes itself
+    /// ([`TransportKind::drops_republished_ids`](justonce::backend::TransportKind::drops_republished_ids)).
+    #[serde(skip)]
+    pub(crate) broker_dedup: bool,
 }
 
 /// One semantic's run. Every count is read from the data: `effects`, `lost` and
@@ -198,31 +202,33 @@ impl Report {
         );
         // NATS drops a second publish of an id inside the stream's duplicate window, so the
         // demo's duplicate publishes never reach a consumer there.
-        let broker_dedup = self.transport == "nats";
+        let dups = self.faults.duplicate_publishes;
+        let (crashed, lost_acks) = (fired.crash_after_commit, fired.ack_lost);
+        let (amo_dups, alo_again, alo_dropped) = if self.broker_dedup {
+            (
+                format!(
+                    "the {dups} duplicate publishes were dropped by the server (the same \
+                     Nats-Msg-Id inside the stream's duplicate window)"
+                ),
+                format!(
+                    "the {crashed} batches that crashed after commit and the {lost_acks} lost acks"
+                ),
+                format!(
+                    " (the {dups} duplicate publishes were dropped by the server: the same \
+                     Nats-Msg-Id inside the stream's duplicate window)"
+                ),
+            )
+        } else {
+            (
+                format!("the {dups} duplicate publishes were still applied twice"),
+                format!(
+                    "the {crashed} batches that crashed after commit, the {lost_acks} lost acks \
+                     and the {dups} duplicate publishes"
+                ),
+                String::new(),
+            )
+        };
         match (r.semantics.as_str(), self.strategy.as_str()) {
-            ("at-most-once", _) if broker_dedup => format!(
-                "at-most-once: acks before handling, so the {} batches that crashed after their ack \
-                 and the {} that crashed before commit lost {} orders; the {} duplicate publishes \
-                 were dropped by the server (the same Nats-Msg-Id inside the stream's duplicate \
-                 window) ({} duplicate effects).",
-                fired.crash_after_ack,
-                fired.crash_before_commit,
-                r.lost,
-                self.faults.duplicate_publishes,
-                r.duplicate_effects
-            ),
-            ("at-least-once", strategy) if broker_dedup => format!(
-                "at-least-once: acks after commit, so nothing is lost ({} lost), but the {} batches \
-                 that crashed after commit and the {} lost acks were delivered again and applied \
-                 again{} (the {} duplicate publishes were dropped by the server: the same \
-                 Nats-Msg-Id inside the stream's duplicate window): {} duplicate effects.",
-                r.lost,
-                fired.crash_after_commit,
-                fired.ack_lost,
-                if strategy == "claim" { " (each call with a new key)" } else { "" },
-                self.faults.duplicate_publishes,
-                r.duplicate_effects
-            ),
             (EXACTLY_ONCE, _) => format!(
                 "exactly-once (same database): the queue is a table of the business database, and \
                  each batch deleted its deliveries in the transaction of its payments: the {} \
@@ -235,22 +241,17 @@ impl Report {
             ),
             ("at-most-once", _) => format!(
                 "at-most-once: acks before handling, so the {} batches that crashed after their ack \
-                 and the {} that crashed before commit lost {} orders; the {} duplicate publishes \
-                 were still applied twice ({} duplicate effects).",
+                 and the {} that crashed before commit lost {} orders; {amo_dups} ({} duplicate \
+                 effects).",
                 fired.crash_after_ack,
                 fired.crash_before_commit,
                 r.lost,
-                self.faults.duplicate_publishes,
                 r.duplicate_effects
             ),
             ("at-least-once", strategy) => format!(
-                "at-least-once: acks after commit, so nothing is lost ({} lost), but the {} batches \
-                 that crashed after commit, the {} lost acks and the {} duplicate publishes were \
-                 delivered again and applied again{}: {} duplicate effects.",
+                "at-least-once: acks after commit, so nothing is lost ({} lost), but {alo_again} \
+                 were delivered again and applied again{}{alo_dropped}: {} duplicate effects.",
                 r.lost,
-                fired.crash_after_commit,
-                fired.ack_lost,
-                self.faults.duplicate_publishes,
                 if strategy == "claim" { " (each call with a new key)" } else { "" },
                 r.duplicate_effects
             ),

@@ -37,9 +37,9 @@ pub(crate) struct Upstream {
     pub(crate) broker_duplicates: u64,
     /// Rows pending or dead in the outbox after the drain.
     pub(crate) outbox_left: u64,
-    /// The broker drops a publish of an id it stored within a window (NATS's
-    /// `Nats-Msg-Id`): the relays' re-sends may never reach a consumer, and a run with no
-    /// duplicate delivered still shows them absorbed.
+    /// The broker drops a publish of an id it stored within a window
+    /// (`TransportKind::drops_republished_ids`): the relays' re-sends may never reach a
+    /// consumer, and a run with no duplicate delivered still shows them absorbed.
     pub(crate) broker_drops_resends: bool,
 }
 

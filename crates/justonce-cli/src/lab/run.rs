@@ -476,7 +476,7 @@ impl Scenario {
                 producer_kills: counts.producer_kills,
                 broker_duplicates,
                 outbox_left: left,
-                broker_drops_resends: self.t_kind == TransportKind::Nats,
+                broker_drops_resends: self.t_kind.drops_republished_ids(),
             }),
             metrics: scraped.clone().map(|s| checker::Counted {
                 scraped: s,

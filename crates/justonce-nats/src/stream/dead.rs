@@ -10,15 +10,22 @@ use justonce_core::{DeadLetter, DeadLetterReason, Message, Result};
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use super::{Inner, NatsStream};
+use super::Inner;
 use crate::codec;
 use crate::error;
 use crate::options::Retention;
 
-impl NatsStream {
-    /// The message at `seq` of the stream, if it is still there.
-    pub(super) async fn stored(&self, seq: u64) -> Result<Option<StreamMessage>> {
-        stored(&self.inner, &self.inner.opts.stream, seq).await
+impl Inner {
+    /// The message at `seq` of the stream `stream`, if it is still there.
+    pub(super) async fn stored(&self, stream: &str, seq: u64) -> Result<Option<StreamMessage>> {
+        match self.stream(stream).await?.get_raw_message(seq).await {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if error::not_found(&e) => Ok(None),
+            Err(e) => Err(error::api(
+                format!("reading message {seq} of stream `{stream}`"),
+                e,
+            )),
+        }
     }
 
     /// Writes `message` with `reason` to the dead-letter stream and waits for its
@@ -30,36 +37,12 @@ impl NatsStream {
         message: &Message,
         reason: &DeadLetterReason,
     ) -> Result<()> {
-        write_dead(&self.inner, seq, message, reason).await
-    }
-}
-
-pub(super) async fn stored(i: &Inner, stream: &str, seq: u64) -> Result<Option<StreamMessage>> {
-    let s =
-        i.js.get_stream_no_info(stream)
+        let letter = DeadLetter::new(message.clone(), reason.clone());
+        let dedup = format!("{}.{}.{seq}", self.opts.stream, self.opts.consumer);
+        let (headers, payload) = codec::encode_copy(&letter.message, &dedup, None);
+        self.publish_raw(&self.opts.dead_subject(), headers, payload)
             .await
-            .map_err(|e| error::api(format!("opening stream `{stream}`"), e))?;
-    match s.get_raw_message(seq).await {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.to_string().contains("not found") => Ok(None),
-        Err(e) => Err(error::api(
-            format!("reading message {seq} of stream `{stream}`"),
-            e,
-        )),
     }
-}
-
-async fn write_dead(
-    i: &Inner,
-    seq: u64,
-    message: &Message,
-    reason: &DeadLetterReason,
-) -> Result<()> {
-    let letter = DeadLetter::new(message.clone(), reason.clone());
-    let dedup = format!("{}.{}.{seq}", i.opts.stream, i.opts.consumer);
-    let (headers, payload) = codec::encode_copy(&letter.message, &dedup, None);
-    super::publish::publish_raw(i, &i.opts.dead_subject(), headers, payload).await?;
-    Ok(())
 }
 
 /// The `MAX_DELIVERIES` advisory.
@@ -86,30 +69,24 @@ pub(super) async fn advisories(inner: Weak<Inner>, mut sub: async_nats::Subscrib
 }
 
 async fn reconcile(i: &Inner, seq: u64, deliveries: u64) -> Result<()> {
-    let Some(m) = stored(i, &i.opts.stream, seq).await? else {
+    let Some(m) = i.stored(&i.opts.stream, seq).await? else {
         return Ok(());
     };
     let d = codec::decode(Some(&m.headers), &m.payload);
-    let reason = DeadLetterReason {
-        error: format!(
+    let reason = i.reason(
+        format!(
             "delivered {deliveries} times (max_deliver) and never settled: each worker it \
              went to died or let it go"
         ),
-        attempts: u32::try_from(deliveries)
+        u32::try_from(deliveries)
             .unwrap_or(u32::MAX)
             .saturating_add(d.before),
-        source_queue: i.opts.stream.clone(),
-        consumer: i.opts.consumer.clone(),
-    };
-    write_dead(i, seq, &d.message, &reason).await?;
+    );
+    i.write_dead(seq, &d.message, &reason).await?;
     if i.retention == Retention::WorkQueue {
         // The consumer will not deliver it again; on a work queue it would stay forever.
-        let s =
-            i.js.get_stream_no_info(&i.opts.stream)
-                .await
-                .map_err(|e| error::api("opening the stream", e))?;
-        if let Err(e) = s.delete_message(seq).await {
-            if !e.to_string().contains("not found") {
+        if let Err(e) = i.stream(&i.opts.stream).await?.delete_message(seq).await {
+            if !error::not_found(&e) {
                 return Err(error::api(format!("removing message {seq}"), e));
             }
         }

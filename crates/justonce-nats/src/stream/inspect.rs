@@ -9,7 +9,7 @@ use justonce_core::{
     Replay, Result,
 };
 
-use super::{dead, NatsStream};
+use super::NatsStream;
 use crate::codec;
 use crate::error;
 
@@ -22,7 +22,13 @@ impl NatsStream {
         let i = &self.inner;
         let o = &i.opts;
         let c = self.consumer_info().await?;
-        let dead = self.dead_entries().await?.len();
+        // The dead-letter stream's own count: its letters need not be read to be counted.
+        let dead_stream = match i.js.get_stream(o.dead_stream()).await {
+            Ok(s) => Some(s.cached_info().state.messages),
+            Err(e) if error::not_found(&e) => None,
+            Err(e) => return Err(error::api("looking up the dead-letter stream", e)),
+        };
+        let dead = dead_stream.unwrap_or(0);
         let mut out = vec![Check::pass(
             "queue",
             format!(
@@ -42,19 +48,17 @@ impl NatsStream {
                 o.retry_horizon
             ),
         ));
-        let dead_stream = match i.js.get_stream(o.dead_stream()).await {
-            Ok(_) => Check::pass(
+        out.push(match dead_stream {
+            Some(_) => Check::pass(
                 "dead letters",
                 format!("dead-letter stream {} exists", o.dead_stream()),
             ),
-            Err(e) if e.to_string().contains("not found") => Check::warn(
+            None => Check::warn(
                 "dead letters",
                 format!("no dead-letter stream {} yet", o.dead_stream()),
                 "start a worker of this consumer once: it creates the dead-letter stream",
             ),
-            Err(e) => return Err(error::api("looking up the dead-letter stream", e)),
-        };
-        out.push(dead_stream);
+        });
         out.push(if c.config.max_deliver > 0 {
             Check::pass(
                 "delivery limit",
@@ -85,13 +89,10 @@ impl NatsStream {
 
     async fn consumer_info(&self) -> Result<async_nats::jetstream::consumer::Info> {
         let o = &self.inner.opts;
-        let s = self
-            .inner
-            .js
-            .get_stream_no_info(&o.stream)
-            .await
-            .map_err(|e| error::api(format!("opening stream `{}`", o.stream), e))?;
-        s.consumer_info(&o.consumer)
+        self.inner
+            .stream(&o.stream)
+            .await?
+            .consumer_info(&o.consumer)
             .await
             .map_err(|e| error::api(format!("reading consumer `{}`", o.consumer), e))
     }
@@ -100,34 +101,22 @@ impl NatsStream {
     async fn dead_entries(&self) -> Result<Vec<DeadLetterEntry>> {
         let i = &self.inner;
         let name = i.opts.dead_stream();
-        let mut s = match i.js.get_stream(&name).await {
-            Ok(s) => s,
-            Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
+        let state = match i.js.get_stream(&name).await {
+            Ok(s) => s.cached_info().state.clone(),
+            Err(e) if error::not_found(&e) => return Ok(Vec::new()),
             Err(e) => return Err(error::api(format!("opening stream `{name}`"), e)),
         };
-        let state = s
-            .info()
-            .await
-            .map_err(|e| error::api(format!("reading stream `{name}`"), e))?
-            .state
-            .clone();
         let mut out = Vec::new();
         if state.messages == 0 {
             return Ok(out);
         }
         for seq in state.first_sequence..=state.last_sequence {
-            let Some(m) = dead::stored(i, &name, seq).await? else {
+            let Some(m) = i.stored(&name, seq).await? else {
                 continue;
             };
             let d = codec::decode(Some(&m.headers), &m.payload);
-            let reason = DeadLetterReason::from_headers(d.message.headers()).unwrap_or_else(|| {
-                DeadLetterReason {
-                    error: "(no reason recorded)".into(),
-                    attempts: 0,
-                    source_queue: i.opts.stream.clone(),
-                    consumer: i.opts.consumer.clone(),
-                }
-            });
+            let reason = DeadLetterReason::from_headers(d.message.headers())
+                .unwrap_or_else(|| i.reason("(no reason recorded)".into(), 0));
             let at: SystemTime = m.time.into();
             out.push(DeadLetterEntry::new(
                 seq.to_string(),
@@ -165,13 +154,9 @@ impl NatsStream {
         let i = &self.inner;
         let name = i.opts.dead_stream();
         let seq: u64 = key.parse().map_err(|_| no_such_dead_letter(key))?;
-        let s =
-            i.js.get_stream_no_info(&name)
-                .await
-                .map_err(|e| error::api(format!("opening stream `{name}`"), e))?;
-        match s.delete_message(seq).await {
+        match i.stream(&name).await?.delete_message(seq).await {
             Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("not found") => Ok(()),
+            Err(e) if error::not_found(&e) => Ok(()),
             Err(e) => Err(error::api(format!("deleting dead letter {seq}"), e)),
         }
     }
@@ -183,20 +168,14 @@ impl NatsStream {
         let Some(target) = target.filter(|t| *t != i.opts.stream) else {
             return Ok(i.opts.subject.clone());
         };
-        let mut s = i.js.get_stream(target).await.map_err(|e| {
-            if e.to_string().contains("not found") {
+        let s = i.js.get_stream(target).await.map_err(|e| {
+            if error::not_found(&e) {
                 Error::config(format!("no stream {target} to replay into"))
             } else {
                 error::api(format!("opening stream `{target}`"), e)
             }
         })?;
-        let subjects = s
-            .info()
-            .await
-            .map_err(|e| error::api(format!("reading stream `{target}`"), e))?
-            .config
-            .subjects
-            .clone();
+        let subjects = s.cached_info().config.subjects.clone();
         match subjects.as_slice() {
             [one] if !one.contains(['*', '>']) => Ok(one.clone()),
             _ => Err(Error::config(format!(
@@ -256,7 +235,7 @@ impl Inspect for NatsStream {
                 e.letter.replays() + 1
             );
             let (headers, payload) = codec::encode_copy(&m, &dedup, None);
-            self.publish_raw(&subject, headers, payload).await?;
+            self.inner.publish_raw(&subject, headers, payload).await?;
             self.delete_dead(&e.key).await?;
             moved += 1;
         }

@@ -28,6 +28,26 @@ struct Token {
     reply: Subject,
 }
 
+impl Inner {
+    /// A handle on the stream `name` (no request is sent).
+    async fn stream(&self, name: &str) -> Result<jetstream::stream::Stream<()>> {
+        self.js
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| crate::error::api(format!("opening stream `{name}`"), e))
+    }
+
+    /// A dead letter's reason, from this consumer of this stream.
+    fn reason(&self, error: String, attempts: u32) -> justonce_core::DeadLetterReason {
+        justonce_core::DeadLetterReason {
+            error,
+            attempts,
+            source_queue: self.opts.stream.clone(),
+            consumer: self.opts.consumer.clone(),
+        }
+    }
+}
+
 /// A delivery this source handed out and has not settled.
 struct Held {
     delivered: u64,
@@ -64,7 +84,8 @@ struct Inner {
 ///   [`NatsOptions::lease`], `max_deliver`, `max_ack_pending`); a delivery held past half
 ///   of `ack_wait` is kept with `+WPI`.
 /// - **Acks are double acks**, sent after the commit: the server's reply says the ack
-///   was taken, so a lost ack is an error, not a silent redelivery.
+///   was taken, so a lost ack is an error, not a silent redelivery. A batch's acks are
+///   plain but the last, whose reply covers the ones before it on the same connection.
 /// - **Nacks** are `-NAK` with the delay; the attempt is the server's delivery count.
 ///   A **release** on a work-queue stream writes a copy carrying the attempts so far and
 ///   acks the delivery, so no attempt is counted and `max_deliver` comes no closer.
@@ -244,9 +265,4 @@ async fn heartbeat(inner: std::sync::Weak<Inner>) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// How long to wait for a reply the server owes: the request timeout.
-fn reply_timeout(i: &Inner) -> Duration {
-    i.opts.request_timeout
 }

@@ -20,14 +20,18 @@ impl NatsStream {
     pub fn publish_duplicates(&self) -> u64 {
         self.inner.duplicates.load(Ordering::Relaxed)
     }
+}
 
+impl Inner {
+    /// Publishes `payload` with `headers` to `subject` and waits for its PubAck.
     pub(super) async fn publish_raw(
         &self,
         subject: &str,
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<()> {
-        publish_raw(&self.inner, subject, headers, payload).await
+        let ack = send(self, subject, headers, payload).await?;
+        confirmed(self, subject, ack).await
     }
 }
 
@@ -70,16 +74,6 @@ async fn confirmed(i: &Inner, subject: &str, ack: PublishAckFuture) -> Result<()
         debug!(stream = %a.stream, seq = a.sequence, "the server already had this message id: a duplicate publish, dropped");
     }
     Ok(())
-}
-
-pub(super) async fn publish_raw(
-    i: &Inner,
-    subject: &str,
-    headers: HeaderMap,
-    payload: Bytes,
-) -> Result<()> {
-    let ack = send(i, subject, headers, payload).await?;
-    confirmed(i, subject, ack).await
 }
 
 #[async_trait]

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use justonce_core::{DeadLetterReason, Delivery, Error, ErrorKind, Receipt, Result, Source};
 use tracing::{debug, warn};
 
-use super::{lock, reply_timeout, Held, NatsStream, Token};
+use super::{lock, Held, NatsStream, Token};
 use crate::codec;
 use crate::error::request as request_error;
 use crate::options::Retention;
@@ -33,16 +33,16 @@ impl NatsStream {
             Error::with_source(ErrorKind::Io, "subscribing to a pull request's inbox", e)
         })?;
         let request = match expires {
-            Some(e) => serde_json::json!({ "batch": batch, "expires": e.as_nanos() as u64 }),
-            None => serde_json::json!({ "batch": batch, "no_wait": true }),
+            Some(e) => format!(r#"{{"batch":{batch},"expires":{}}}"#, e.as_nanos()),
+            None => format!(r#"{{"batch":{batch},"no_wait":true}}"#),
         };
         i.client
-            .publish_with_reply(i.next_subject.clone(), inbox, request.to_string().into())
+            .publish_with_reply(i.next_subject.clone(), inbox, request.into())
             .await
             .map_err(|e| Error::with_source(ErrorKind::Io, "sending a pull request", e))?;
         let mut deadline = tokio::time::Instant::now()
             + match expires {
-                Some(e) => e + reply_timeout(i),
+                Some(e) => e + i.opts.request_timeout,
                 None => NO_WAIT_ANSWER,
             };
         let mut out = Vec::with_capacity(batch.min(1024));
@@ -147,18 +147,9 @@ impl NatsStream {
         })
     }
 
-    /// Lets go of `t` if this source holds that very delivery; answers whether it is
-    /// still to be settled (`false` for a receipt of a delivery that came back since).
+    /// [`unhold`] under the lock.
     fn unhold(&self, t: &Token) -> bool {
-        let mut held = lock(&self.inner.held);
-        match held.get(&t.stream_seq) {
-            Some(h) if h.delivered != t.delivered => false,
-            Some(_) => {
-                held.remove(&t.stream_seq);
-                true
-            }
-            None => true,
-        }
+        unhold(&mut lock(&self.inner.held), t)
     }
 
     /// Sends `body` to each ack subject and knows the server took every one: all but the
@@ -193,26 +184,22 @@ impl NatsStream {
                 return Ok(());
             }
         }
-        let results = join_all(replies.iter().map(|reply| {
-            let payload = payload.clone();
-            async move { client.request(reply.clone(), payload).await.map(|_| ()) }
-        }))
-        .await;
-        for r in results {
-            r.map_err(|e| {
-                request_error(
-                    format!("`{body}` of a delivery (its reply did not come)"),
-                    e,
-                )
-            })?;
-        }
-        Ok(())
+        join_all(
+            replies
+                .iter()
+                .map(|reply| self.settle_one(body, reply.clone(), payload.clone())),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
-    async fn settle_one(&self, body: String, reply: Subject) -> Result<()> {
+    /// Sends `payload` (`body`, for the error) to one ack subject and waits for the
+    /// server's reply.
+    async fn settle_one(&self, body: &str, reply: Subject, payload: Bytes) -> Result<()> {
         self.inner
             .client
-            .request(reply, body.clone().into())
+            .request(reply, payload)
             .await
             .map_err(|e| {
                 request_error(
@@ -271,17 +258,22 @@ impl Source for NatsStream {
         Ok(all)
     }
 
-    /// Double acks: each ack waits for the server's reply. A receipt of a delivery that
-    /// came back to this source since is ignored; one that went to another worker is
-    /// acked (the server takes it: the commit it follows is what counts).
+    /// Double acks: plain `+ACK`s but the last, whose reply says the server took the
+    /// batch (on one connection; after a reconnect each is asked again). A receipt of a
+    /// delivery that came back to this source since is ignored; one that went to another
+    /// worker is acked (the server takes it: the commit it follows is what counts).
     async fn ack(&self, receipts: &[&Receipt]) -> Result<()> {
-        let mut replies = Vec::with_capacity(receipts.len());
-        for r in receipts {
-            let t = Self::token(r)?;
-            if self.unhold(t) {
-                replies.push(t.reply.clone());
+        let replies = {
+            let mut held = lock(&self.inner.held);
+            let mut replies = Vec::with_capacity(receipts.len());
+            for r in receipts {
+                let t = Self::token(r)?;
+                if unhold(&mut held, t) {
+                    replies.push(t.reply.clone());
+                }
             }
-        }
+            replies
+        };
         self.settle_all("+ACK", replies).await
     }
 
@@ -310,7 +302,7 @@ impl Source for NatsStream {
         } else {
             format!("-NAK {{\"delay\":{}}}", delay.as_nanos())
         };
-        self.settle_one(body, t.reply.clone()).await
+        self.settle_one("-NAK", t.reply.clone(), body.into()).await
     }
 
     /// On a work-queue stream: a copy with the attempts so far, then an ack, so no
@@ -344,7 +336,8 @@ impl Source for NatsStream {
         if !self.unhold(t) {
             return Ok(());
         }
-        self.write_dead(t.stream_seq, &delivery.message, reason)
+        self.inner
+            .write_dead(t.stream_seq, &delivery.message, reason)
             .await?;
         self.terminate(t, &reason.error).await
     }
@@ -362,19 +355,20 @@ impl Source for NatsStream {
 
 impl NatsStream {
     async fn release_one(&self, t: &Token) -> Result<()> {
-        let Some(m) = self.stored(t.stream_seq).await? else {
+        let i = &self.inner;
+        let Some(m) = i.stored(&i.opts.stream, t.stream_seq).await? else {
             return Ok(());
         };
         let d = codec::decode(Some(&m.headers), &m.payload);
         let dedup = format!(
             "{}.{}.{}.{}",
-            self.inner.opts.stream, self.inner.opts.consumer, t.stream_seq, t.delivered
+            i.opts.stream, i.opts.consumer, t.stream_seq, t.delivered
         );
         let (headers, payload) =
             codec::encode_copy(&d.message, &dedup, Some(t.attempt.saturating_sub(1)));
-        self.publish_raw(&self.inner.opts.subject, headers, payload)
-            .await?;
-        self.settle_one("+ACK".into(), t.reply.clone()).await
+        i.publish_raw(&i.opts.subject, headers, payload).await?;
+        self.settle_one("+ACK", t.reply.clone(), Bytes::from_static(b"+ACK"))
+            .await
     }
 
     /// `+TERM`, with the reason where the server takes one (2.10.4 and later; earlier
@@ -385,21 +379,30 @@ impl NatsStream {
         } else {
             "+TERM".to_owned()
         };
-        self.settle_one(body, t.reply.clone()).await
+        self.settle_one("+TERM", t.reply.clone(), body.into()).await
     }
 
     /// Dead-letters the message at `t` with `why`, reading it from the stream.
     async fn dead_letter_seq(&self, t: &Token, why: String) -> Result<()> {
-        if let Some(m) = self.stored(t.stream_seq).await? {
+        let i = &self.inner;
+        if let Some(m) = i.stored(&i.opts.stream, t.stream_seq).await? {
             let d = codec::decode(Some(&m.headers), &m.payload);
-            let reason = DeadLetterReason {
-                error: why.clone(),
-                attempts: t.attempt,
-                source_queue: self.inner.opts.stream.clone(),
-                consumer: self.inner.opts.consumer.clone(),
-            };
-            self.write_dead(t.stream_seq, &d.message, &reason).await?;
+            let reason = i.reason(why.clone(), t.attempt);
+            i.write_dead(t.stream_seq, &d.message, &reason).await?;
         }
         self.terminate(t, &why).await
+    }
+}
+
+/// Removes `t` from `held` if it holds that very delivery; answers whether it is still to
+/// be settled (`false` for a receipt of a delivery that came back since).
+fn unhold(held: &mut std::collections::HashMap<u64, Held>, t: &Token) -> bool {
+    match held.get(&t.stream_seq) {
+        Some(h) if h.delivered != t.delivered => false,
+        Some(_) => {
+            held.remove(&t.stream_seq);
+            true
+        }
+        None => true,
     }
 }

@@ -96,25 +96,9 @@ pub(super) struct Found {
 
 /// Declares (or checks) the stream, the consumer and the dead-letter stream.
 pub(super) async fn declare(js: &jetstream::Context, opts: &NatsOptions) -> Result<Found> {
-    let found = match js.get_stream(&opts.stream).await {
-        Ok(mut s) => Some(
-            s.info()
-                .await
-                .map_err(|e| error::api("reading the stream's configuration", e))?
-                .config
-                .clone(),
-        ),
-        Err(e) if e.to_string().contains("not found") => None,
-        Err(e) => {
-            return Err(error::api(
-                format!("looking up stream `{}`", opts.stream),
-                e,
-            ))
-        }
-    };
-    let config = match found {
-        Some(c) => c,
-        None if opts.create => {
+    let stream = match js.get_stream(&opts.stream).await {
+        Ok(s) => s,
+        Err(e) if error::not_found(&e) && opts.create => {
             let c = stream::Config {
                 name: opts.stream.clone(),
                 subjects: vec![opts.subject.clone()],
@@ -123,24 +107,28 @@ pub(super) async fn declare(js: &jetstream::Context, opts: &NatsOptions) -> Resu
                 duplicate_window: opts.duplicate_window,
                 ..Default::default()
             };
-            js.create_stream(c.clone())
+            let s = js
+                .create_stream(c)
                 .await
                 .map_err(|e| error::api(format!("creating stream `{}`", opts.stream), e))?;
             info!(stream = %opts.stream, "created the JetStream stream");
-            c
+            s
         }
-        None => {
+        Err(e) if error::not_found(&e) => {
             return Err(Error::config(format!(
                 "no JetStream stream `{}` (create it, or let justonce create it)",
                 opts.stream
             )))
         }
+        Err(e) => {
+            return Err(error::api(
+                format!("looking up stream `{}`", opts.stream),
+                e,
+            ))
+        }
     };
-    check_stream(&config, opts)?;
-    let stream = js
-        .get_stream(&opts.stream)
-        .await
-        .map_err(|e| error::api(format!("opening stream `{}`", opts.stream), e))?;
+    let config = &stream.cached_info().config;
+    check_stream(config, opts)?;
     let consumer = declare_consumer(&stream, opts).await?;
     declare_dead(js, opts).await?;
     Ok(Found {
@@ -225,7 +213,7 @@ async fn declare_consumer(stream: &stream::Stream, opts: &NatsOptions) -> Result
     let want = wanted_consumer(opts);
     let existing = match stream.consumer_info(&opts.consumer).await {
         Ok(i) => Some(i.config),
-        Err(e) if e.to_string().contains("not found") => None,
+        Err(e) if error::not_found(&e) => None,
         Err(e) => {
             return Err(error::api(
                 format!("looking up consumer `{}`", opts.consumer),
@@ -341,9 +329,8 @@ pub(super) async fn delete(js: &jetstream::Context, opts: &NatsOptions) -> Resul
         .delete_consumer_from_stream(&opts.consumer, &opts.stream)
         .await;
     let _ = js.delete_stream(opts.dead_stream()).await;
-    if let Ok(mut s) = js.get_stream(&opts.stream).await {
-        let consumers = s.info().await.map(|i| i.state.consumer_count).unwrap_or(1);
-        if consumers == 0 {
+    if let Ok(s) = js.get_stream(&opts.stream).await {
+        if s.cached_info().state.consumer_count == 0 {
             js.delete_stream(&opts.stream)
                 .await
                 .map_err(|e| error::api(format!("deleting stream `{}`", opts.stream), e))?;

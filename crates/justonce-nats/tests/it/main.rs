@@ -41,6 +41,21 @@ fn opts(test: &str, lease_ms: u64) -> NatsOptions {
     NatsOptions::new(name(test)).lease(Duration::from_millis(lease_ms))
 }
 
+/// The dead letters, once there are some (10 s at most), read while `q` goes on pulling
+/// as a live worker does: the server sends the `MAX_DELIVERIES` advisory when a pull
+/// finds a message past `max_deliver`. Each pull must deliver nothing.
+async fn dead_letters_while_pulling(q: &NatsStream) -> Vec<justonce_core::DeadLetter> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = q.receive(1, Duration::from_millis(300)).await.unwrap();
+        assert!(again.is_empty(), "nothing is delivered past max_deliver");
+        let l = q.dead_letters().await.unwrap();
+        if !l.is_empty() || std::time::Instant::now() > deadline {
+            return l;
+        }
+    }
+}
+
 fn msg(id: &str) -> Message {
     Message::new(format!("payload {id}")).with_id(id).unwrap()
 }
@@ -256,17 +271,7 @@ async fn a_message_whose_workers_all_died_is_dead_lettered_from_the_advisory() {
         assert_eq!(d.len(), 1, "delivery {attempt}");
         q.abandon().await; // the worker dies holding it
     }
-    // The server sends the advisory when a pull finds the message past max_deliver: a
-    // live worker goes on receiving, and gets nothing more of it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let letters = loop {
-        let again = q.receive(1, Duration::from_millis(300)).await.unwrap();
-        assert!(again.is_empty(), "nothing is delivered past max_deliver");
-        let l = q.dead_letters().await.unwrap();
-        if !l.is_empty() || std::time::Instant::now() > deadline {
-            break l;
-        }
-    };
+    let letters = dead_letters_while_pulling(&q).await;
     assert_eq!(
         letters.len(),
         1,
@@ -387,14 +392,7 @@ async fn a_message_that_ran_out_while_no_worker_listened_is_dead_lettered_by_the
         .map(|d| d.message.id().unwrap().as_str().to_owned())
         .collect();
     assert_eq!(ids, ["ORD-2"], "ORD-1 is past max_deliver");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let letters = loop {
-        let l = next.dead_letters().await.unwrap();
-        if !l.is_empty() || std::time::Instant::now() > deadline {
-            break l;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let letters = dead_letters_while_pulling(&next).await;
     assert_eq!(
         letters.len(),
         1,
