@@ -31,6 +31,31 @@ start() { # name port seconds command...
   wait_for "$name" "$port" "$secs"
 }
 
+# Kafka: tansu (a Kafka-protocol broker in Rust; no Apache Kafka here), built once per
+# machine with cargo into a cache outside the repository (about 15 minutes on two cores),
+# then started on :9092 with SQLite storage in a data directory of its own.
+TANSU_VERSION=0.6.0
+TANSU_HOME="${XDG_CACHE_HOME:-$HOME/.cache}/justonce/tansu-$TANSU_VERSION"
+TANSU_BIN="$TANSU_HOME/bin/tansu"
+TANSU_DATA="${XDG_CACHE_HOME:-$HOME/.cache}/justonce/tansu-data"
+
+install_tansu() {
+  [ -x "$TANSU_BIN" ] && return 0
+  echo "services: building tansu $TANSU_VERSION into $TANSU_HOME (once per machine)"
+  cargo install --locked --quiet tansu --version "$TANSU_VERSION" --features libsql \
+    --root "$TANSU_HOME" >"${TMPDIR:-/tmp}/justonce-tansu-install.log" 2>&1 || {
+    echo "services: building tansu failed; see ${TMPDIR:-/tmp}/justonce-tansu-install.log" >&2
+    return 1
+  }
+}
+
+start_tansu() {
+  mkdir -p "$TANSU_DATA" || return 1
+  (cd "$TANSU_DATA" && RUST_LOG=warn exec setsid "$TANSU_BIN" broker \
+    --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
+    --storage-engine sqlite://tansu.db) >>"$TANSU_DATA/tansu.log" 2>&1 </dev/null &
+}
+
 status=0
 start postgresql 5432 60 bash -c 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start' || status=1
 start mariadb 3306 60 start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || status=1
@@ -38,4 +63,13 @@ start redis 6379 30 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 63
 start rabbitmq 5672 120 rabbitmq-server -detached || status=1
 start nats 4222 30 start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || status=1
 start mosquitto 1883 30 mosquitto -d -c /etc/mosquitto/mosquitto.conf || status=1
+if up 9092; then
+  echo "services: kafka (tansu) already up on :9092"
+elif install_tansu; then
+  echo "services: starting kafka (tansu)"
+  start_tansu
+  wait_for kafka 9092 30 || status=1
+else
+  status=1
+fi
 exit $status

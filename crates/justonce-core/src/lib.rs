@@ -29,6 +29,7 @@ mod machine;
 pub mod memory;
 mod message;
 mod outbox;
+mod positions;
 mod semantics;
 #[cfg(feature = "sqlx")]
 mod sqlx_error;
@@ -53,6 +54,7 @@ pub use outbox::{
     OutboxRow, OutboxStats, OutboxStore, DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD,
     OUTGOING_ID_NAMESPACE,
 };
+pub use positions::{Position, Positions, PositionsIn};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{
     validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,

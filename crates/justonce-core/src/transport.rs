@@ -90,6 +90,15 @@ pub trait TransactionalAck<Tx>: Send + Sync {
     /// longer holds its delivery (its lease ran out and it was delivered again): the caller
     /// must roll `tx` back, or the effect would be applied by two consumers.
     async fn ack_in(&self, tx: &mut Tx, receipts: &[&Receipt]) -> Result<()>;
+
+    /// Says that the transaction `receipts` were acked in has committed: the runtime calls
+    /// it after the commit, before settling the rest of the batch. A transport that keeps
+    /// deliveries in memory until then (a Kafka partition's position cannot pass them
+    /// before) lets them go; the default does nothing. Never called when the commit
+    /// failed or the process died first: the transaction decides, not this call.
+    async fn committed(&self, receipts: &[&Receipt]) {
+        let _ = receipts;
+    }
 }
 
 /// A shared source is a source: `Consumer::new(opts, Arc::clone(&queue), …)`.

@@ -38,6 +38,7 @@ mod many;
 mod mysql;
 mod options;
 mod outbox;
+mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod queue;
@@ -49,6 +50,7 @@ pub use mysql::{
     MySqlVersionGuard,
 };
 pub use outbox::{OutboxOptions, SqlOutbox};
+pub use positions::SqlPositions;
 #[cfg(feature = "postgres")]
 pub use postgres::{
     PgClaimStore, PgOutbox, PgQueue, PgQueueOptions, PgStateGuard, PgStore, PgStoreOptions, PgTx,

@@ -61,6 +61,8 @@
 //! - `amqp`: the RabbitMQ transport, as `justonce::amqp`.
 //! - `redis`: the Redis claim store, as `justonce::redis`.
 //! - `nats`: the NATS JetStream transport, as `justonce::nats`.
+//! - `kafka`: the Kafka transport (rdkafka; librdkafka is built from source, which needs a
+//!   C compiler), as `justonce::kafka`.
 //! - `postgres`: the PostgreSQL queue, dedup and claim stores, in `justonce::sql`.
 //! - `mysql`: the MariaDB / MySQL dedup and claim stores, in `justonce::sql`.
 //! - `fault-injection`: `FaultHook` and `Consumer::with_fault_hook`, to crash a consumer at
@@ -105,8 +107,8 @@ pub use justonce_core::{
     DedupKey, DedupRecord, DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff,
     FailureGroup, Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectOutbox,
     InspectStore, Message, MessageId, OutboxFailure, OutboxOwner, OutboxRow, OutboxStats,
-    OutboxStore, Publisher, Receipt, Replay, Result, Semantics, Source, StateMachine, Store,
-    TransactionalAck, Transition, DEFAULT_OUTBOX_MAX_PAYLOAD,
+    OutboxStore, Position, Positions, PositionsIn, Publisher, Receipt, Replay, Result, Semantics,
+    Source, StateMachine, Store, TransactionalAck, Transition, DEFAULT_OUTBOX_MAX_PAYLOAD,
 };
 pub use shutdown::shutdown_signal;
 
@@ -120,6 +122,10 @@ pub use justonce_amqp as amqp;
 /// The NATS JetStream transport, from `justonce-nats`.
 #[cfg(feature = "nats")]
 pub use justonce_nats as nats;
+
+/// The Kafka transport, from `justonce-kafka`.
+#[cfg(feature = "kafka")]
+pub use justonce_kafka as kafka;
 /// The Redis claim store, from `justonce-redis`.
 #[cfg(feature = "redis")]
 pub use justonce_redis as redis;

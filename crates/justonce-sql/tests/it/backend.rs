@@ -106,6 +106,50 @@ macro_rules! backend_tests {
         }
 
         #[tokio::test]
+        async fn positions_only_move_forward_and_roll_back_with_their_transaction() {
+            use justonce_core::{Position, Positions, PositionsIn, Store};
+            let Some(url) = url() else { return };
+            let store = $store::open(&url).await.unwrap();
+            let t = unique("jo_pos");
+            let p = store.positions_in_table(&t, true).await.unwrap();
+            let at = |partition, offset| Position { partition, offset };
+            let mut tx = store.begin().await.unwrap();
+            p.save_in(&mut tx, "c", "orders", &[at(0, 10), at(1, 3)])
+                .await
+                .unwrap();
+            store.commit(tx).await.unwrap();
+            let mut tx = store.begin().await.unwrap();
+            p.save_in(&mut tx, "c", "orders", &[at(0, 5), at(1, 4)])
+                .await
+                .unwrap();
+            p.save_in(&mut tx, "other", "orders", &[at(0, 1)])
+                .await
+                .unwrap();
+            store.commit(tx).await.unwrap();
+            assert_eq!(
+                p.load("c", "orders", &[0, 1, 2]).await.unwrap(),
+                [at(0, 10), at(1, 4)],
+                "never back"
+            );
+            let mut tx = store.begin().await.unwrap();
+            p.save_in(&mut tx, "c", "orders", &[at(0, 99)])
+                .await
+                .unwrap();
+            drop(tx);
+            assert_eq!(
+                p.load("c", "orders", &[0]).await.unwrap(),
+                [at(0, 10)],
+                "rolled back"
+            );
+            assert_eq!(
+                p.load("other", "orders", &[0, 1]).await.unwrap(),
+                [at(0, 1)]
+            );
+            assert!(p.load("c", "payments", &[0]).await.unwrap().is_empty());
+            drop_tables(&store, &[&t]).await;
+        }
+
+        #[tokio::test]
         async fn unique_violations_are_classified() {
             let Some(url) = url() else { return };
             let store = $store::open(&url).await.unwrap();

@@ -541,3 +541,37 @@ async fn tools_read_records_and_free_stuck_claims() {
         .unwrap();
     crate::inspect::a_forced_release_fences_the_holder(&claims, "sqlite").await;
 }
+
+#[tokio::test]
+async fn positions_only_move_forward_and_roll_back_with_their_transaction() {
+    use justonce_core::{Position, Positions, PositionsIn, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&url(&dir, "p.db")).await.unwrap();
+    let p = store.positions().await.unwrap();
+    let at = |partition, offset| Position { partition, offset };
+    let mut tx = store.begin().await.unwrap();
+    p.save_in(&mut tx, "c", "orders", &[at(0, 10), at(1, 3)])
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    p.save_in(&mut tx, "c", "orders", &[at(0, 5), at(1, 4)])
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        p.load("c", "orders", &[0, 1]).await.unwrap(),
+        [at(0, 10), at(1, 4)],
+        "never back"
+    );
+    let mut tx = store.begin().await.unwrap();
+    p.save_in(&mut tx, "c", "orders", &[at(0, 99)])
+        .await
+        .unwrap();
+    drop(tx);
+    assert_eq!(
+        p.load("c", "orders", &[0]).await.unwrap(),
+        [at(0, 10)],
+        "rolled back"
+    );
+}

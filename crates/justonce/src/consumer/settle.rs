@@ -66,6 +66,17 @@ where
     ) -> Result<()> {
         self.judge(&mut slots);
         self.count(&slots, false);
+        if let Some(acker) = &self.tx_ack {
+            let in_tx: Vec<&Receipt> = batch
+                .iter()
+                .zip(&slots)
+                .filter(|(_, s)| matches!(s.settle, Settle::AckedInTx { .. }))
+                .map(|(d, _)| &d.receipt)
+                .collect();
+            if !in_tx.is_empty() {
+                acker.committed(&in_tx).await;
+            }
+        }
         let mut acks = Vec::new();
         let mut released = Vec::new();
         for (d, slot) in batch.iter().zip(slots) {

@@ -1,0 +1,228 @@
+//! What a source and a publisher share: the configuration, the idempotent producer, the
+//! topics' check and creation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use justonce_core::{Error, ErrorKind, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::producer::FutureProducer;
+use rdkafka::producer::Producer as _;
+use tracing::debug;
+
+use crate::error::{blocking, kafka};
+use crate::options::{KafkaOptions, GUARDED};
+
+/// Headroom over the largest record for the record's framing.
+const FRAMING: usize = 64 << 10;
+
+/// The configuration every client starts from: the brokers, then the user's settings.
+pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &opts.brokers)
+        .set("socket.timeout.ms", millis(opts.request_timeout))
+        .set("log_level", "3");
+    for (k, v) in &opts.client {
+        if GUARDED.contains(&k.as_str()) {
+            return Err(Error::config(format!(
+                "the librdkafka setting `{k}` is justonce's own (its guarantees rest on it); \
+                 use KafkaOptions instead"
+            )));
+        }
+        c.set(k, v);
+    }
+    Ok(c)
+}
+
+pub(crate) fn millis(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+/// The producer's configuration: idempotent, every in-sync replica acking.
+pub(crate) fn producer_config(opts: &KafkaOptions) -> Result<ClientConfig> {
+    let mut c = base(opts)?;
+    c.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set(
+            "message.max.bytes",
+            (opts.max_message_bytes + FRAMING).to_string(),
+        )
+        .set("message.timeout.ms", millis(opts.request_timeout))
+        .set("linger.ms", "2");
+    Ok(c)
+}
+
+/// The clients a source and a publisher share.
+#[derive(Clone)]
+pub(crate) struct Client {
+    pub(crate) opts: Arc<KafkaOptions>,
+    pub(crate) producer: FutureProducer,
+    pub(crate) admin: Arc<AdminClient<DefaultClientContext>>,
+}
+
+impl Client {
+    /// The producer and an admin client, the brokers reached and the topics there (made
+    /// when missing, with [`KafkaOptions::create`]).
+    pub(crate) async fn connect(opts: KafkaOptions) -> Result<Client> {
+        check(&opts)?;
+        let producer: FutureProducer = producer_config(&opts)?
+            .create()
+            .map_err(|e| kafka("creating the Kafka producer", e))?;
+        let admin: AdminClient<DefaultClientContext> = base(&opts)?
+            .create()
+            .map_err(|e| kafka("creating the Kafka admin client", e))?;
+        let client = Client {
+            opts: Arc::new(opts),
+            producer,
+            admin: Arc::new(admin),
+        };
+        client.topology().await?;
+        Ok(client)
+    }
+
+    /// The partitions of `topic`: `None` when the brokers do not have it.
+    pub(crate) async fn partitions_of(&self, topic: &str) -> Result<Option<Vec<i32>>> {
+        let producer = self.producer.clone();
+        let timeout = self.opts.request_timeout.min(Duration::from_secs(10));
+        let t = topic.to_owned();
+        let brokers = self.opts.brokers.clone();
+        let md = blocking("reading Kafka metadata", move || {
+            producer.client().fetch_metadata(Some(&t), timeout)
+        })
+        .await?
+        .map_err(|e| {
+            Error::with_source(
+                ErrorKind::Connect,
+                format!("cannot reach Kafka at {brokers} (no metadata within {timeout:?})"),
+                e,
+            )
+        })?;
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        match t.error() {
+            None => Ok(Some(t.partitions().iter().map(|p| p.id()).collect())),
+            Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+                Ok(None)
+            }
+            Some(e) => Err(Error::new(
+                crate::error::kind_of(e.into()),
+                format!(
+                    "Kafka reports topic `{topic}` as {:?}",
+                    RDKafkaErrorCode::from(e)
+                ),
+            )),
+        }
+    }
+
+    /// The topic and the dead-letter topic, checked, and made when missing.
+    async fn topology(&self) -> Result<()> {
+        let o = &self.opts;
+        let mut missing = Vec::new();
+        for (topic, partitions) in [(&o.topic, o.partitions), (&o.dead_topic, 1)] {
+            match self.partitions_of(topic).await? {
+                Some(p) if !p.is_empty() => {}
+                _ => missing.push((topic.clone(), partitions)),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if !o.create {
+            let names: Vec<&str> = missing.iter().map(|(t, _)| t.as_str()).collect();
+            return Err(Error::config(format!(
+                "Kafka at {} has no topic {} (create it, or connect with KafkaOptions::create(true))",
+                o.brokers,
+                names.join(" and no topic ")
+            )));
+        }
+        let new: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1)))
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(o.request_timeout));
+        let results = self
+            .admin
+            .create_topics(&new, &opts)
+            .await
+            .map_err(|e| kafka("creating Kafka topics", e))?;
+        for r in results {
+            match r {
+                Ok(t) => debug!(topic = %t, "created"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(Error::new(
+                        crate::error::kind_of(code),
+                        format!("creating topic `{t}` failed: {code}"),
+                    ))
+                }
+            }
+        }
+        // Metadata catches up with a creation in a moment; a publish before it would
+        // find no partition.
+        for _ in 0..50 {
+            let mut all = true;
+            for (t, _) in &missing {
+                all &= self.partitions_of(t).await?.is_some_and(|p| !p.is_empty());
+            }
+            if all {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(Error::new(
+            ErrorKind::Timeout,
+            "created topics did not show in Kafka's metadata within 5 s",
+        ))
+    }
+}
+
+/// Options that cannot work, refused before anything connects.
+fn check(o: &KafkaOptions) -> Result<()> {
+    for t in [&o.topic, &o.dead_topic] {
+        let ok = !t.is_empty()
+            && t.len() <= 249
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && t != "."
+            && t != "..";
+        if !ok {
+            return Err(Error::config(format!(
+                "`{t}` is not a Kafka topic name (letters, digits, `.`, `_` and `-`, at most 249)"
+            )));
+        }
+    }
+    if o.topic == o.dead_topic {
+        return Err(Error::config(
+            "the dead-letter topic must not be the topic itself",
+        ));
+    }
+    if o.group.is_empty() {
+        return Err(Error::config("the consumer group must not be empty"));
+    }
+    if o.partitions < 1 {
+        return Err(Error::config("a topic needs at least one partition"));
+    }
+    if o.brokers.is_empty() {
+        return Err(Error::config("no Kafka brokers given"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_names_and_guarded_settings_are_refused() {
+        assert!(check(&KafkaOptions::new("127.0.0.1:9092", "orders")).is_ok());
+        assert!(check(&KafkaOptions::new("127.0.0.1:9092", "or ders")).is_err());
+        assert!(check(&KafkaOptions::new("127.0.0.1:9092", "o").dead_topic("o")).is_err());
+        let o = KafkaOptions::new("127.0.0.1:9092", "orders").client("acks", "1");
+        let e = base(&o).expect_err("acks is guarded");
+        assert!(e.to_string().contains("acks"), "{e}");
+    }
+}

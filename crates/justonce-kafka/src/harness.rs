@@ -1,0 +1,155 @@
+//! A tansu broker of one's own, for tests and fault labs (feature `harness`): on a free
+//! port of 127.0.0.1 and a data directory of its own (SQLite storage), killed when
+//! dropped, restartable as after a crash. The shared broker a machine runs is never
+//! touched.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// The tansu version `scripts/services.sh` installs.
+pub const TANSU_VERSION: &str = "0.6.0";
+
+/// A tansu broker process this program started.
+pub struct OwnBroker {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnBroker {
+    /// Whether the tansu binary is found ([`tansu_binary`]).
+    pub fn installed() -> bool {
+        tansu_binary().is_some()
+    }
+
+    /// Starts tansu on a free port of 127.0.0.1 with a temporary data directory, and waits
+    /// until it answers.
+    pub async fn start() -> io::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = tempfile::Builder::new()
+            .prefix("justonce-tansu-")
+            .tempdir()?;
+        let mut broker = OwnBroker {
+            child: None,
+            port,
+            dir,
+        };
+        broker.spawn().await?;
+        Ok(broker)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `kafka://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("kafka://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the broker (SIGKILL, as a crash would) and starts it again on the same port
+    /// and data directory.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill().await;
+        self.spawn().await
+    }
+
+    /// Kills the broker; [`OwnBroker::restart`] or drop after.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    async fn spawn(&mut self) -> io::Result<()> {
+        let bin = tansu_binary().ok_or_else(|| io::Error::other("tansu is not installed"))?;
+        let listener = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("tansu.log"))?;
+        let child = Command::new(bin)
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(&listener)
+            .arg("--advertised-listener-url")
+            .arg(&listener)
+            .arg("--storage-engine")
+            .arg("sqlite://tansu.db")
+            .current_dir(self.dir.path())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !answers(self.port).await {
+            if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                return Err(io::Error::other(format!(
+                    "tansu on port {} exited with {status} (log: {})",
+                    self.port,
+                    self.dir.path().join("tansu.log").display()
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("tansu on port {} did not answer in 20 s", self.port),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+/// The tansu binary: `$JUSTONCE_TANSU`, else where `scripts/services.sh` installs it
+/// (`$XDG_CACHE_HOME` or `~/.cache`, then `justonce/tansu-VERSION/bin/tansu`), else
+/// `tansu` on the `PATH`.
+pub fn tansu_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("JUSTONCE_TANSU") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    let cached = cache.map(|c| {
+        c.join("justonce")
+            .join(format!("tansu-{TANSU_VERSION}"))
+            .join("bin")
+            .join("tansu")
+    });
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("tansu"))
+            .find(|p| p.is_file())
+    });
+    cached.filter(|p| p.is_file()).or(on_path)
+}
+
+/// Whether the broker at `port` accepts a connection.
+async fn answers(port: u16) -> bool {
+    tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}

@@ -1,0 +1,240 @@
+//! The poll thread: it owns the group membership. librdkafka serves rebalances inside
+//! `poll`, and an assignment must seek to positions read from the store before the
+//! first fetch, so the thread blocks on that read (it is not a runtime thread). Records
+//! go to the source through a bounded channel; when it is full the thread pauses its
+//! partitions and goes on polling, so the group does not take it for dead.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use justonce_core::Positions;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::Message as _;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::codec;
+use crate::options::Start;
+use crate::state::{Fresh, State};
+
+/// What the source asks of the poll thread.
+pub(crate) enum Command {
+    /// Forget what is held and read each assigned partition again from its stored
+    /// position, as a restarted process would; answer when done.
+    Reset(tokio::sync::oneshot::Sender<()>),
+    /// Leave the group and stop fetching, then stop; answer when done. tansu 0.6 (its
+    /// SQLite storage) dies when a topic is deleted under a fetch.
+    Stop(tokio::sync::oneshot::Sender<()>),
+}
+
+/// What the poll thread and the source share.
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) topic: String,
+    pub(crate) group: String,
+    pub(crate) start: Start,
+    pub(crate) positions: Option<Arc<dyn Positions>>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) timeout: Duration,
+    /// A consumer of the group that never joins it: reads the committed offsets (the
+    /// rebalance callback cannot use the consumer it runs in).
+    pub(crate) offsets: BaseConsumer,
+}
+
+pub(crate) fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The consumer's context: an assignment starts at the stored positions (librdkafka
+/// assigns the list this callback wrote the offsets into).
+pub(crate) struct Ctx(pub(crate) Arc<Shared>);
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, rebalance: &Rebalance<'_>) {
+        let s = &self.0;
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut elements = tpl.elements_for_topic(&s.topic);
+                let parts: Vec<i32> = elements.iter().map(|e| e.partition()).collect();
+                let starts = starts(s, &parts);
+                let mut state = lock(&s.state);
+                for e in &mut elements {
+                    let (offset, number) = starts[&e.partition()];
+                    state.assign(e.partition(), number);
+                    if let Err(err) = e.set_offset(offset) {
+                        warn!(error = %err, "setting a partition's start failed");
+                    }
+                }
+                drop(state);
+                info!(topic = %s.topic, group = %s.group, partitions = ?parts, "partitions assigned");
+            }
+            Rebalance::Revoke(tpl) => {
+                let mut state = lock(&s.state);
+                for e in tpl.elements_for_topic(&s.topic) {
+                    state.revoke(e.partition());
+                }
+                drop(state);
+                info!(topic = %s.topic, group = %s.group, "partitions revoked");
+            }
+            Rebalance::Error(e) => {
+                warn!(error = %e, "a rebalance failed; every partition is let go");
+                let mut state = lock(&s.state);
+                for p in state.assigned() {
+                    state.revoke(p);
+                }
+            }
+        }
+    }
+}
+
+/// Where each of `parts` starts: the stored position, or the start the options name. With
+/// positions in a store that cannot be read now, Kafka's committed offsets (never past
+/// the store's: they are committed after it) or the earliest record: read again, never
+/// skipped.
+fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
+    let fallback = match s.start {
+        Start::Earliest => Offset::Beginning,
+        Start::Latest => Offset::End,
+    };
+    let mut out: HashMap<i32, (Offset, Option<i64>)> =
+        parts.iter().map(|p| (*p, (fallback, None))).collect();
+    if parts.is_empty() {
+        return out;
+    }
+    if let Some(positions) = &s.positions {
+        let load = || {
+            catch_unwind(AssertUnwindSafe(|| {
+                s.runtime.block_on(async {
+                    tokio::time::timeout(s.timeout, positions.load(&s.group, &s.topic, parts)).await
+                })
+            }))
+        };
+        match load() {
+            Ok(Ok(Ok(stored))) => {
+                for p in stored {
+                    out.insert(p.partition, (Offset::Offset(p.offset), Some(p.offset)));
+                }
+                return out;
+            }
+            Ok(Ok(Err(e))) => {
+                warn!(error = %e.to_chain_string(), "reading the stored positions failed; reading from Kafka's committed offsets (records may come again, never skipped)")
+            }
+            _ => warn!("reading the stored positions timed out; reading from Kafka's committed offsets (records may come again, never skipped)"),
+        }
+        out.values_mut()
+            .for_each(|v| *v = (Offset::Beginning, None));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        let _ = tpl.add_partition(&s.topic, *p);
+    }
+    match s.offsets.committed_offsets(tpl, s.timeout) {
+        Ok(c) => {
+            for e in c.elements_for_topic(&s.topic) {
+                if let Offset::Offset(o) = e.offset() {
+                    out.insert(e.partition(), (Offset::Offset(o), Some(o)));
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, "reading the group's committed offsets failed"),
+    }
+    out
+}
+
+/// Runs until `stop` or until the source's receiver is gone.
+pub(crate) fn run(
+    consumer: Arc<BaseConsumer<Ctx>>,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Fresh>,
+    commands: std_mpsc::Receiver<Command>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut held: VecDeque<Fresh> = VecDeque::new();
+    let mut paused = false;
+    while !stop.load(Ordering::Relaxed) && !tx.is_closed() {
+        while let Ok(cmd) = commands.try_recv() {
+            match cmd {
+                Command::Reset(done) => {
+                    reset(&consumer, &shared);
+                    held.clear();
+                    let _ = done.send(());
+                }
+                Command::Stop(done) => {
+                    consumer.unsubscribe();
+                    // The revocation is served by a poll; the close (when this is the
+                    // last reference) leaves the group.
+                    let _ = consumer.poll(Duration::from_millis(100));
+                    drop(consumer);
+                    let _ = done.send(());
+                    return;
+                }
+            }
+        }
+        while let Some(f) = held.pop_front() {
+            match tx.try_send(f) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(f)) => {
+                    held.push_front(f);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        let full = !held.is_empty();
+        if full != paused {
+            if let Ok(a) = consumer.assignment() {
+                let r = if full {
+                    consumer.pause(&a)
+                } else {
+                    consumer.resume(&a)
+                };
+                if let Err(e) = r {
+                    debug!(error = %e, "pausing or resuming partitions failed");
+                }
+            }
+            paused = full;
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => debug!(error = %e, "Kafka consumer error"),
+            Some(Ok(m)) => {
+                let epoch = lock(&shared.state).epoch(m.partition());
+                let Some(epoch) = epoch else { continue };
+                held.push_back(Fresh {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    epoch,
+                    message: codec::decode(m.headers(), m.payload()),
+                });
+            }
+        }
+    }
+    debug!(topic = %shared.topic, "the poll thread stops");
+}
+
+/// [`Command::Reset`]: each assigned partition read again from its stored position.
+fn reset(consumer: &BaseConsumer<Ctx>, s: &Shared) {
+    let parts = lock(&s.state).assigned();
+    let starts = starts(s, &parts);
+    let mut seek = TopicPartitionList::new();
+    {
+        let mut state = lock(&s.state);
+        for p in &parts {
+            let (offset, number) = starts[p];
+            state.assign(*p, number);
+            let _ = seek.add_partition_offset(&s.topic, *p, offset);
+        }
+    }
+    if parts.is_empty() {
+        return;
+    }
+    if let Err(e) = consumer.seek_partitions(seek, s.timeout) {
+        warn!(error = %e, "seeking to the stored positions failed");
+    }
+}
