@@ -135,6 +135,23 @@ impl Bus {
         })
     }
 
+    /// [`Bus::open`] on Kafka with the consumer's positions in the store at `store`, moved
+    /// in its transactions ([`Bus::transactional_ack`]).
+    pub(crate) async fn open_with_positions(
+        url: &str,
+        queue: &str,
+        lease: Duration,
+        prefetch: u16,
+        topology: &Topology,
+        store: &str,
+    ) -> Result<Self> {
+        let mut opts = Self::options(queue, lease, prefetch, topology)?;
+        opts.positions = Some(store.to_owned());
+        Ok(Bus {
+            transport: Transport::open_consumer(url, queue, &opts).await?,
+        })
+    }
+
     /// Opens `queue` to publish to it and count it, never consuming: the lab's publisher
     /// process and its checker.
     pub(crate) async fn open_publisher(

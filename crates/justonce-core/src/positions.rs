@@ -28,6 +28,11 @@ pub trait Positions: Send + Sync {
     /// The positions stored for `consumer` on `topic`, for those of `partitions` that
     /// have one; a partition with none stored is absent.
     async fn load(&self, consumer: &str, topic: &str, partitions: &[i32]) -> Result<Vec<Position>>;
+
+    /// Moves positions forward outside any business transaction: past records that were
+    /// finished without one (dead-lettered, or acked after a commit that did not write
+    /// their position). Never moves one back.
+    async fn save(&self, consumer: &str, topic: &str, positions: &[Position]) -> Result<()>;
 }
 
 /// Positions written in a store's transaction `Tx`.
@@ -49,6 +54,10 @@ pub trait PositionsIn<Tx>: Positions {
 impl<T: Positions + ?Sized> Positions for std::sync::Arc<T> {
     async fn load(&self, consumer: &str, topic: &str, partitions: &[i32]) -> Result<Vec<Position>> {
         (**self).load(consumer, topic, partitions).await
+    }
+
+    async fn save(&self, consumer: &str, topic: &str, positions: &[Position]) -> Result<()> {
+        (**self).save(consumer, topic, positions).await
     }
 }
 

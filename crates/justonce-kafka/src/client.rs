@@ -61,6 +61,9 @@ pub(crate) struct Client {
     pub(crate) opts: Arc<KafkaOptions>,
     pub(crate) producer: FutureProducer,
     pub(crate) admin: Arc<AdminClient<DefaultClientContext>>,
+    /// A consumer of the group that never joins it, made at its first use: reads the
+    /// group's committed offsets for the tools.
+    pub(crate) group_reader: Arc<std::sync::OnceLock<rdkafka::consumer::BaseConsumer>>,
 }
 
 impl Client {
@@ -78,6 +81,7 @@ impl Client {
             opts: Arc::new(opts),
             producer,
             admin: Arc::new(admin),
+            group_reader: Arc::new(std::sync::OnceLock::new()),
         };
         client.topology().await?;
         Ok(client)

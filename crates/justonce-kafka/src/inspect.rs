@@ -89,14 +89,21 @@ impl Client {
                 .map(|p| (p.partition, p.offset))
                 .collect(),
             None => {
-                let mut c = base(o)?;
-                c.set("group.id", &o.group)
-                    .set("enable.auto.commit", "false");
-                let consumer: BaseConsumer = c
-                    .create()
-                    .map_err(|e| kafka("creating a Kafka reader", e))?;
+                if self.group_reader.get().is_none() {
+                    let mut c = base(o)?;
+                    c.set("group.id", &o.group)
+                        .set("enable.auto.commit", "false");
+                    let consumer: BaseConsumer = c
+                        .create()
+                        .map_err(|e| kafka("creating a Kafka reader", e))?;
+                    let _ = self.group_reader.set(consumer);
+                }
+                let reader = self.group_reader.clone();
                 let (topic, timeout, ps) = (o.topic.clone(), o.request_timeout, parts.clone());
                 blocking("reading committed offsets", move || {
+                    let Some(consumer) = reader.get() else {
+                        return Ok(HashMap::new());
+                    };
                     let mut tpl = TopicPartitionList::new();
                     for p in &ps {
                         let _ = tpl.add_partition(&topic, *p);
@@ -378,4 +385,69 @@ impl KafkaSource {
 
 impl KafkaPublisher {
     async fn leave(&self) {}
+}
+
+impl KafkaPublisher {
+    /// The doctor's links: the topic (partitions, the group's lag and where its positions
+    /// live), the producer's guarantees, and the dead-letter topic. Connect with
+    /// `create(false)`: a missing topic is then a connect error naming it.
+    pub async fn check(&self) -> Result<Vec<justonce_core::Check>> {
+        use justonce_core::Check;
+        let c = &self.client;
+        let o = &c.opts;
+        let lag = c.lag().await?;
+        let pending: u64 = {
+            let start = o.start;
+            lag.iter()
+                .map(|(_, low, high, pos)| {
+                    let pos = pos.unwrap_or(match start {
+                        Start::Earliest => *low,
+                        Start::Latest => *high,
+                    });
+                    (high - pos.max(*low)).max(0) as u64
+                })
+                .sum()
+        };
+        let where_ = if o.positions.is_some() {
+            "in the store's positions table"
+        } else {
+            "in the group's committed offsets"
+        };
+        let mut out = vec![Check::pass(
+            "queue",
+            format!(
+                "topic {} has {} partitions; group {} has {pending} records to read (positions {where_})",
+                o.topic,
+                lag.len(),
+                o.group
+            ),
+        )];
+        out.push(Check::pass(
+            "publisher",
+            "the idempotent producer (enable.idempotence, acks=all), each delivery report awaited",
+        ));
+        out.push(match c.partitions_of(&o.dead_topic).await? {
+            Some(_) => {
+                let n = c.dead_entries().await?.len();
+                if n == 0 {
+                    Check::pass(
+                        "dead letters",
+                        format!("dead-letter topic {} is empty", o.dead_topic),
+                    )
+                } else {
+                    Check::warn(
+                        "dead letters",
+                        format!("{n} dead letters in {}", o.dead_topic),
+                        "read them with `justonce dlq list`, then replay or purge",
+                    )
+                }
+            }
+            None => Check::warn(
+                "dead letters",
+                format!("no dead-letter topic {} yet", o.dead_topic),
+                "start a worker of this consumer once: it creates the dead-letter topic",
+            ),
+        });
+        Ok(out)
+    }
 }

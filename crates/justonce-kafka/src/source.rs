@@ -58,6 +58,9 @@ struct Inner {
     commands: std::sync::Mutex<std_mpsc::Sender<Command>>,
     /// Serializes offset commits, and the last committed per partition.
     committed: AsyncMutex<std::collections::HashMap<i32, i64>>,
+    /// With the positions in a store: the largest position known to be written there,
+    /// per partition (by a committed transaction, or by [`KafkaSource::commit`]).
+    stored: std::sync::Mutex<std::collections::HashMap<i32, i64>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -148,6 +151,7 @@ impl KafkaSource {
                 rx: AsyncMutex::new(rx),
                 commands: std::sync::Mutex::new(commands),
                 committed: AsyncMutex::new(Default::default()),
+                stored: std::sync::Mutex::new(Default::default()),
                 stop,
             }),
         })
@@ -194,6 +198,7 @@ impl KafkaSource {
         Ok(OffsetsAck {
             source: self.clone(),
             positions: Arc::new(positions),
+            written: std::sync::Mutex::new(Default::default()),
         })
     }
 
@@ -219,6 +224,22 @@ impl KafkaSource {
             return Ok(());
         }
         let i = &self.inner;
+        if let Some(store) = &i.shared.positions {
+            // Past records finished outside a transaction that wrote their position (a
+            // dead letter, the tail of a batch behind another's): written here.
+            let ahead: Vec<Position> = {
+                let stored = i.stored.lock().unwrap_or_else(|e| e.into_inner());
+                positions
+                    .iter()
+                    .filter(|p| stored.get(&p.partition).is_none_or(|o| *o < p.offset))
+                    .copied()
+                    .collect()
+            };
+            if !ahead.is_empty() {
+                store.save(&i.shared.group, &i.shared.topic, &ahead).await?;
+                self.stored_at(&ahead);
+            }
+        }
         let hint = i.shared.positions.is_some();
         let mut last = i.committed.lock().await;
         let mut tpl = TopicPartitionList::new();
@@ -297,6 +318,15 @@ impl KafkaSource {
             .take();
         drop(mine);
         self.command(Command::Stop).await;
+    }
+
+    /// Records `positions` as written to the store.
+    fn stored_at(&self, positions: &[Position]) {
+        let mut stored = self.inner.stored.lock().unwrap_or_else(|e| e.into_inner());
+        for p in positions {
+            let o = stored.entry(p.partition).or_insert(p.offset);
+            *o = (*o).max(p.offset);
+        }
     }
 
     fn fresh(&self, f: Fresh) -> Option<Delivery> {
@@ -420,6 +450,9 @@ impl Publisher for KafkaSource {
 pub struct OffsetsAck<Tx> {
     source: KafkaSource,
     positions: Arc<dyn PositionsIn<Tx>>,
+    /// What each transaction not yet known to have committed wrote, by the hand-out of
+    /// its first receipt.
+    written: std::sync::Mutex<std::collections::HashMap<u64, Vec<Position>>>,
 }
 
 impl<Tx> std::fmt::Debug for OffsetsAck<Tx> {
@@ -432,6 +465,9 @@ impl<Tx> std::fmt::Debug for OffsetsAck<Tx> {
 impl<Tx: Send + 'static> TransactionalAck<Tx> for OffsetsAck<Tx> {
     async fn ack_in(&self, tx: &mut Tx, receipts: &[&Receipt]) -> Result<()> {
         let tokens = KafkaSource::tokens(receipts)?;
+        if tokens.is_empty() {
+            return Ok(());
+        }
         let moved = lock(&self.source.inner.shared.state).ack_in_tx(&tokens);
         let moved = moved.map_err(|stale| {
             Error::new(
@@ -445,14 +481,33 @@ impl<Tx: Send + 'static> TransactionalAck<Tx> for OffsetsAck<Tx> {
             )
         })?;
         let s = &self.source.inner.shared;
-        self.positions.save_in(tx, &s.group, &s.topic, &moved).await
+        self.positions
+            .save_in(tx, &s.group, &s.topic, &moved)
+            .await?;
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if written.len() > 10_000 {
+            written.clear(); // transactions that rolled back: their receipts were released
+        }
+        written.insert(tokens[0].hand, moved);
+        Ok(())
     }
 
     async fn committed(&self, receipts: &[&Receipt]) {
         let Ok(tokens) = KafkaSource::tokens(receipts) else {
             return;
         };
+        let Some(first) = tokens.first() else { return };
+        let wrote = self
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&first.hand);
+        if let Some(wrote) = wrote {
+            self.source.stored_at(&wrote);
+        }
         let moved = lock(&self.source.inner.shared.state).finish(&tokens, true);
-        let _ = self.source.commit(moved).await;
+        if let Err(e) = self.source.commit(moved).await {
+            debug!(error = %e, "moving positions past records finished after a commit failed; the next batch's transaction moves them");
+        }
     }
 }

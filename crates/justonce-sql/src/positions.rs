@@ -91,6 +91,20 @@ where
             .await?;
         parse(rows, partitions)
     }
+
+    async fn save(&self, consumer: &str, topic: &str, positions: &[Position]) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        for p in positions {
+            let args = [
+                Arg::Text(consumer),
+                Arg::Text(topic),
+                Arg::Int(i64::from(p.partition)),
+                Arg::Int(p.offset),
+            ];
+            (*conn).execute(&self.sql.save, &args).await?;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]

@@ -30,8 +30,9 @@ use justonce_core::{
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
     postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`), \
     amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`), \
-    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`) or \
-    nats://HOST:PORT (a NATS JetStream stream, feature `nats`)";
+    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`), \
+    nats://HOST:PORT (a NATS JetStream stream, feature `nats`) or \
+    kafka://HOST:PORT[,HOST:PORT] (a Kafka topic, feature `kafka`)";
 
 /// Every store scheme, with its feature.
 const STORES: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
@@ -52,6 +53,8 @@ pub enum TransportKind {
     Redis,
     /// `nats://`: a NATS JetStream stream with a durable pull consumer.
     Nats,
+    /// `kafka://`: a Kafka topic read by a consumer group.
+    Kafka,
 }
 
 /// A store (business data and dedup records), as its URL names it.
@@ -79,7 +82,7 @@ impl TransportKind {
     /// use justonce::backend::TransportKind;
     ///
     /// assert_eq!(TransportKind::from_url("sqlite:queue.db").unwrap(), TransportKind::Sqlite);
-    /// let e = TransportKind::from_url("kafka://127.0.0.1:9092").unwrap_err();
+    /// let e = TransportKind::from_url("sqs://eu-west-1/orders").unwrap_err();
     /// assert!(e.to_string().contains("amqp://"), "{e}");
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
@@ -89,6 +92,7 @@ impl TransportKind {
             "amqp" | "amqps" => TransportKind::Amqp,
             "redis" | "rediss" => TransportKind::Redis,
             "nats" => TransportKind::Nats,
+            "kafka" => TransportKind::Kafka,
             "mysql" | "mariadb" => {
                 return Err(Error::config(format!(
                     "`{}` names a store, not a transport: MariaDB holds business data and dedup \
@@ -98,8 +102,7 @@ impl TransportKind {
             }
             other => {
                 return Err(Error::config(format!(
-                    "the {other} transport is not built yet: use {TRANSPORTS}; a Kafka \
-                     transport is planned"
+                    "there is no {other} transport: use {TRANSPORTS}"
                 )))
             }
         };
@@ -121,6 +124,7 @@ impl TransportKind {
             TransportKind::Amqp => "amqp",
             TransportKind::Redis => "redis",
             TransportKind::Nats => "nats",
+            TransportKind::Kafka => "kafka",
         }
     }
 
@@ -139,6 +143,7 @@ impl TransportKind {
             TransportKind::Amqp => "amqp",
             TransportKind::Redis => "redis",
             TransportKind::Nats => "nats",
+            TransportKind::Kafka => "kafka",
         }
     }
 
@@ -149,6 +154,7 @@ impl TransportKind {
             TransportKind::Amqp => cfg!(feature = "amqp"),
             TransportKind::Redis => cfg!(feature = "redis"),
             TransportKind::Nats => cfg!(feature = "nats"),
+            TransportKind::Kafka => cfg!(feature = "kafka"),
         }
     }
 }
@@ -235,6 +241,10 @@ pub struct TransportOptions {
     /// process id. Give a worker a name that survives its restarts (it then takes its own
     /// pending entries back at once), and never two live workers the same one.
     pub consumer_name: Option<String>,
+    /// The store (a SQL store's URL) whose positions table keeps a Kafka consumer's
+    /// positions, moved in that store's transactions ([`Transport::transactional_ack`]);
+    /// `None`: Kafka's committed offsets. Ignored by the other transports.
+    pub positions: Option<String>,
 }
 
 impl Default for TransportOptions {
@@ -247,6 +257,7 @@ impl Default for TransportOptions {
             #[cfg(feature = "amqp")]
             amqp: None,
             consumer_name: None,
+            positions: None,
         }
     }
 }
@@ -530,6 +541,8 @@ impl Transport {
                 let q = Arc::new(justonce_nats::NatsStream::connect(url, o).await?);
                 Ok(Self::one(kind, q, consume, None))
             }
+            #[cfg(feature = "kafka")]
+            TransportKind::Kafka => kafka::open(kind, url, queue, opts, consume).await,
             #[allow(unreachable_patterns)]
             _ => Err(Error::config(format!(
                 "the {} transport needs justonce's `{}` feature",
@@ -658,5 +671,94 @@ impl LocalService {
             }
             .to_owned()
         })
+    }
+}
+
+/// Kafka: a group member to consume (its positions in Kafka, or in a SQL store's table
+/// and moved in that store's transactions), a publisher in no group otherwise.
+#[cfg(feature = "kafka")]
+mod kafka {
+    use super::*;
+    use justonce_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
+
+    pub(super) async fn open(
+        kind: TransportKind,
+        url: &str,
+        queue: &str,
+        opts: &TransportOptions,
+        consume: bool,
+    ) -> Result<Transport> {
+        let o = KafkaOptions::new(url, queue).create(opts.create);
+        let Some(store) = opts.positions.as_deref() else {
+            return plain(kind, o, consume).await;
+        };
+        match StoreKind::from_url(store)? {
+            #[cfg(feature = "sqlite")]
+            StoreKind::Sqlite => {
+                let p = justonce_sql::SqliteStore::open(store)
+                    .await?
+                    .positions()
+                    .await?;
+                with_positions::<justonce_sql::SqliteTx, _>(kind, o, p, consume).await
+            }
+            #[cfg(feature = "postgres")]
+            StoreKind::Postgres => {
+                let p = justonce_sql::PgStore::open(store)
+                    .await?
+                    .positions()
+                    .await?;
+                with_positions::<justonce_sql::PgTx, _>(kind, o, p, consume).await
+            }
+            #[cfg(feature = "mysql")]
+            StoreKind::MySql => {
+                let p = justonce_sql::MySqlStore::open(store)
+                    .await?
+                    .positions()
+                    .await?;
+                with_positions::<justonce_sql::MySqlTx, _>(kind, o, p, consume).await
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(Error::config(format!(
+                "a Kafka consumer keeps its positions in a SQL store (sqlite:, postgres://, \
+                 mysql://), not in a {} store",
+                other.as_str()
+            ))),
+        }
+    }
+
+    async fn plain(kind: TransportKind, o: KafkaOptions, consume: bool) -> Result<Transport> {
+        if consume {
+            let s = Arc::new(KafkaSource::connect(o).await?);
+            Ok(Transport::one(kind, s, true, None))
+        } else {
+            let p = Arc::new(KafkaPublisher::connect(o).await?);
+            Ok(Transport {
+                kind,
+                source: None,
+                publisher: p.clone(),
+                inspect: p,
+                tx_ack: None,
+            })
+        }
+    }
+
+    #[allow(dead_code)]
+    async fn with_positions<Tx, P>(
+        kind: TransportKind,
+        o: KafkaOptions,
+        positions: P,
+        consume: bool,
+    ) -> Result<Transport>
+    where
+        Tx: Send + 'static,
+        P: justonce_core::PositionsIn<Tx> + Clone + 'static,
+    {
+        let o = o.positions_in(positions.clone());
+        if !consume {
+            return plain(kind, o, false).await;
+        }
+        let s = KafkaSource::connect(o).await?;
+        let ack: Arc<dyn TransactionalAck<Tx>> = Arc::new(s.acks_in(positions)?);
+        Ok(Transport::one(kind, Arc::new(s), true, Some(Arc::new(ack))))
     }
 }

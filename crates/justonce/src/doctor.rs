@@ -88,6 +88,14 @@ pub async fn check_transport(
                 Err(e) => missing(e),
             }
         }
+        #[cfg(feature = "kafka")]
+        TransportKind::Kafka => {
+            let o = justonce_kafka::KafkaOptions::new(url, queue).create(false);
+            match justonce_kafka::KafkaPublisher::connect(o).await {
+                Ok(p) => p.check().await,
+                Err(e) => missing(e),
+            }
+        }
         #[allow(unreachable_patterns)]
         _ => Err(Error::config(format!(
             "the {} transport needs justonce's `{}` feature",

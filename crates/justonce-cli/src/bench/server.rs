@@ -57,7 +57,8 @@ pub(crate) async fn settle(args: &BenchRunArgs) -> anyhow::Result<()> {
     match Bus::kind_of(&args.transport)? {
         TransportKind::Postgres => dbs.push((&args.transport, Db::Postgres { queue: true })),
         TransportKind::Sqlite => dbs.push((&args.transport, Db::Sqlite)),
-        TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats => {}
+        TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats | TransportKind::Kafka => {
+        }
     }
     for (url, db) in dbs {
         match db {

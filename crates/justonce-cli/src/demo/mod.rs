@@ -166,8 +166,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ack_in_tx: false,
         })
         .collect();
-    // The queue and the business data in one database: the ack can join the transaction.
-    if transport == TransportKind::Postgres && args.transport == args.store {
+    // The queue (or, on Kafka, the consumer's positions) and the business data in one
+    // database: the ack can join the transaction.
+    let same_database = match transport {
+        TransportKind::Postgres => args.transport == args.store,
+        TransportKind::Kafka => store != StoreKind::Redis,
+        _ => false,
+    };
+    if same_database {
         variants.push(Variant {
             semantics: Semantics::EffectivelyOnce,
             ack_in_tx: true,
@@ -224,14 +230,26 @@ async fn run_one<B: Bank>(
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch =
         (args.batch_size * args.concurrency.unwrap_or(2) * 2).min(u16::MAX as usize) as u16;
-    let bus = Bus::open(
-        &target.transport,
-        &queue_name,
-        lease,
-        prefetch,
-        &args.topology,
-    )
-    .await?;
+    let bus = if variant.ack_in_tx && Bus::kind_of(&target.transport)? == TransportKind::Kafka {
+        Bus::open_with_positions(
+            &target.transport,
+            &queue_name,
+            lease,
+            prefetch,
+            &args.topology,
+            &target.store,
+        )
+        .await?
+    } else {
+        Bus::open(
+            &target.transport,
+            &queue_name,
+            lease,
+            prefetch,
+            &args.topology,
+        )
+        .await?
+    };
     // Each row has tables of its own: on a shared server, runs and rows never meet.
     let tables = Tables::new(&format!(
         "jo_demo_{run_id}_{}",

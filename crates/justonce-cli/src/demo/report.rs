@@ -229,6 +229,17 @@ impl Report {
             )
         };
         match (r.semantics.as_str(), self.strategy.as_str()) {
+            (EXACTLY_ONCE, _) if self.transport == "kafka" => format!(
+                "exactly-once (same database): the consumer's positions are a table of the business \
+                 database, and each batch moved them in the transaction of its payments: the {} \
+                 batches that crashed after commit left nothing to read again, and no offset commit \
+                 could be lost; records came again only from batches that rolled back ({} crashed \
+                 before commit), and the {} duplicate publishes (a second record each) were caught \
+                 by the dedup record: {tail}",
+                fired.crash_after_commit,
+                fired.crash_before_commit,
+                self.faults.duplicate_publishes,
+            ),
             (EXACTLY_ONCE, _) => format!(
                 "exactly-once (same database): the queue is a table of the business database, and \
                  each batch deleted its deliveries in the transaction of its payments: the {} \

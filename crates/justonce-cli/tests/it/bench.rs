@@ -83,12 +83,19 @@ fn bench_runs_on_rabbitmq_and_postgres_with_the_bare_lapin_baseline() {
 #[test]
 fn bench_refuses_a_transport_it_does_not_know() {
     let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .args(["bench", "--transport", "kafka://localhost:9092"])
+        .args(["bench", "--transport", "sqs://eu-west-1/orders"])
         .output()
         .expect("the justonce binary runs");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("kafka transport is not built"), "{err}");
+    assert!(err.contains("there is no sqs transport"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--transport", "kafka://127.0.0.1:9092"])
+        .output()
+        .expect("the justonce binary runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not run on Kafka yet"), "{err}");
 }
 
 /// Two consumer processes on one PostgreSQL queue, paying into a hot set of 20 accounts:
