@@ -131,3 +131,23 @@ pub fn no_such_dead_letter(key: &str) -> Error {
         format!("no dead letter {key} (list them again: keys change when dead letters move)"),
     )
 }
+
+/// The entries of `all` that `keys` name, each once, in the order of `keys`; the error of
+/// the first key that is not there, before anything moves. For a transport's replay and
+/// purge.
+pub fn chosen_dead_letters(
+    all: &[DeadLetterEntry],
+    keys: &[String],
+) -> Result<Vec<DeadLetterEntry>> {
+    let mut out: Vec<DeadLetterEntry> = Vec::new();
+    for k in keys {
+        let found = all
+            .iter()
+            .find(|e| &e.key == k)
+            .ok_or_else(|| no_such_dead_letter(k))?;
+        if !out.iter().any(|e| &e.key == k) {
+            out.push(found.clone());
+        }
+    }
+    Ok(out)
+}

@@ -43,7 +43,7 @@ pub use dead_letters::{failure_group, DeadLetterEntry, FailureGroup, Replay};
 pub use delivery::{Delivery, Receipt};
 pub use error::{error_chain, Error, ErrorKind, Result};
 pub use id::{canonical_json, IdStrategy, CONTENT_HASH_VERSION};
-pub use inspect::{no_such_dead_letter, DeadLetter, Inspect};
+pub use inspect::{chosen_dead_letters, no_such_dead_letter, DeadLetter, Inspect};
 pub use inspect_store::{
     ClaimRecord, ClaimRecordState, ConsumerRecords, DedupRecord, InspectClaims, InspectStore,
 };

@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use justonce_core::{
-    no_such_dead_letter, DeadLetter, DeadLetterEntry, DeadLetterReason, Error, ErrorKind, Inspect,
+    chosen_dead_letters, DeadLetter, DeadLetterEntry, DeadLetterReason, Error, ErrorKind, Inspect,
     Message, Replay, Result,
 };
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -147,19 +147,21 @@ impl Client {
     }
 
     pub(crate) async fn pending(&self) -> Result<u64> {
-        let start = self.opts.start;
-        Ok(self
-            .lag()
-            .await?
-            .into_iter()
+        Ok(self.behind(&self.lag().await?))
+    }
+
+    /// Records not yet past the positions in `lag`, summed; a partition with no position
+    /// counts from where [`KafkaOptions::start`](crate::KafkaOptions::start) starts.
+    fn behind(&self, lag: &[(i32, i64, i64, Option<i64>)]) -> u64 {
+        lag.iter()
             .map(|(_, low, high, pos)| {
-                let pos = pos.unwrap_or(match start {
-                    Start::Earliest => low,
-                    Start::Latest => high,
+                let pos = pos.unwrap_or(match self.opts.start {
+                    Start::Earliest => *low,
+                    Start::Latest => *high,
                 });
-                (high - pos.max(low)).max(0) as u64
+                (high - pos.max(*low)).max(0) as u64
             })
-            .sum())
+            .sum()
     }
 
     /// The dead letters, folded by key, oldest first.
@@ -249,18 +251,7 @@ impl Client {
     }
 
     async fn chosen(&self, keys: &[String]) -> Result<Vec<DeadLetterEntry>> {
-        let all = self.dead_entries().await?;
-        let mut out: Vec<DeadLetterEntry> = Vec::new();
-        for k in keys {
-            let found = all
-                .iter()
-                .find(|e| &e.key == k)
-                .ok_or_else(|| no_such_dead_letter(k))?;
-            if !out.iter().any(|e| &e.key == k) {
-                out.push(found.clone());
-            }
-        }
-        Ok(out)
+        chosen_dead_letters(&self.dead_entries().await?, keys)
     }
 
     pub(crate) async fn replay(&self, keys: &[String], replay: &Replay) -> Result<u64> {
@@ -396,18 +387,7 @@ impl KafkaPublisher {
         let c = &self.client;
         let o = &c.opts;
         let lag = c.lag().await?;
-        let pending: u64 = {
-            let start = o.start;
-            lag.iter()
-                .map(|(_, low, high, pos)| {
-                    let pos = pos.unwrap_or(match start {
-                        Start::Earliest => *low,
-                        Start::Latest => *high,
-                    });
-                    (high - pos.max(*low)).max(0) as u64
-                })
-                .sum()
-        };
+        let pending = c.behind(&lag);
         let where_ = if o.positions.is_some() {
             "in the store's positions table"
         } else {

@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use justonce_core::{
-    no_such_dead_letter, Check, DeadLetter, DeadLetterEntry, DeadLetterReason, Error, Inspect,
-    Replay, Result,
+    chosen_dead_letters, no_such_dead_letter, Check, DeadLetter, DeadLetterEntry, DeadLetterReason,
+    Error, Inspect, Replay, Result,
 };
 
 use super::NatsStream;
@@ -136,18 +136,7 @@ impl NatsStream {
     /// The dead letters `keys` names, each once; an error before anything moves when one
     /// is not there.
     async fn chosen(&self, keys: &[String]) -> Result<Vec<DeadLetterEntry>> {
-        let all = self.dead_entries().await?;
-        let mut out: Vec<DeadLetterEntry> = Vec::new();
-        for k in keys {
-            let found = all
-                .iter()
-                .find(|e| &e.key == k)
-                .ok_or_else(|| no_such_dead_letter(k))?;
-            if !out.iter().any(|e| &e.key == k) {
-                out.push(found.clone());
-            }
-        }
-        Ok(out)
+        chosen_dead_letters(&self.dead_entries().await?, keys)
     }
 
     async fn delete_dead(&self, key: &str) -> Result<()> {
