@@ -135,8 +135,15 @@ impl Bus {
         })
     }
 
-    /// [`Bus::open`] on Kafka with the consumer's positions in the store at `store`, moved
-    /// in its transactions ([`Bus::transactional_ack`]).
+    /// Opens `queue` to consume it with options of the caller's ([`Bus::options`] and more).
+    pub(crate) async fn open_with(url: &str, queue: &str, opts: &TransportOptions) -> Result<Self> {
+        Ok(Bus {
+            transport: Transport::open_consumer(url, queue, opts).await?,
+        })
+    }
+
+    /// [`Bus::open`] on Kafka with the consumer's positions in the store at `store`,
+    /// moved in its transactions ([`Bus::transactional_ack`]).
     pub(crate) async fn open_with_positions(
         url: &str,
         queue: &str,
@@ -165,7 +172,24 @@ impl Bus {
         })
     }
 
-    fn options(
+    /// [`Bus::open_publisher`] that counts a Kafka consumer's pending records from its
+    /// positions in the store at `store` (where [`Bus::open_with_positions`] keeps them),
+    /// not from the group's committed offsets, which are only a hint then.
+    pub(crate) async fn open_publisher_with_positions(
+        url: &str,
+        queue: &str,
+        topology: &Topology,
+        store: &str,
+    ) -> Result<Self> {
+        let mut opts = Self::options(queue, Duration::from_secs(30), 200, topology)?;
+        opts.positions = Some(store.to_owned());
+        Ok(Bus {
+            transport: Transport::open_publisher(url, queue, &opts).await?,
+        })
+    }
+
+    /// The options every open starts from.
+    pub(crate) fn options(
         queue: &str,
         lease: Duration,
         prefetch: u16,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use justonce::backend::StoreKind;
+use justonce::backend::{StoreKind, TransportKind};
 use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{
@@ -20,7 +20,7 @@ use justonce::{
 };
 
 use crate::lab::protocol;
-use crate::orders::{Bank, PaymentHandler, Strategy, Tables};
+use crate::orders::{Bank, PaymentHandler, Seen, Strategy, Tables};
 
 /// Arguments of `justonce worker`.
 #[derive(Debug, clap::Args)]
@@ -49,7 +49,8 @@ pub(crate) struct WorkerArgs {
     /// Prefix of the business tables (`{prefix}_ledger`, …) and the dedup table.
     #[arg(long, default_value = "jo_demo")]
     tables: String,
-    /// Ack inside the business transaction (a PostgreSQL queue in the store's database).
+    /// Ack inside the business transaction: a PostgreSQL queue in the store's database, or
+    /// on Kafka the consumer's positions kept in a table of the (SQL) store.
     #[arg(long)]
     ack_in_transaction: bool,
     /// Longest pause after failed batches, in milliseconds.
@@ -84,6 +85,11 @@ pub(crate) struct WorkerArgs {
     /// and the store this often, in seconds (0: never).
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     metrics_poll_secs: u64,
+    /// Kafka: read these partitions, assigned by hand, instead of joining the group's
+    /// protocol (comma-separated). A worker started again with the same list takes them
+    /// back at their stored positions.
+    #[arg(long, value_delimiter = ',', value_name = "P,…")]
+    kafka_partitions: Option<Vec<i32>>,
     #[command(flatten)]
     topology: crate::bus::Topology,
 }
@@ -101,15 +107,17 @@ pub(crate) async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     let lease = Duration::from_millis(args.lease_ms);
     let prefetch = (args.batch_size * 2).min(usize::from(u16::MAX)) as u16;
-    let queue = crate::bus::Bus::open_as(
-        &args.transport,
-        &args.queue,
-        lease,
-        prefetch,
-        &args.topology,
-        args.consumer_name.as_deref(),
-    )
-    .await?;
+    let kafka = crate::bus::Bus::kind_of(&args.transport)? == TransportKind::Kafka;
+    let mut opts = crate::bus::Bus::options(&args.queue, lease, prefetch, &args.topology)?;
+    if let Some(name) = &args.consumer_name {
+        opts = opts.consumer_name(name.clone());
+    }
+    if kafka && args.ack_in_transaction {
+        // On Kafka the ack in the transaction is the consumer's positions in the store.
+        opts.positions = Some(args.store.clone());
+    }
+    opts.kafka_partitions = args.kafka_partitions.clone();
+    let queue = crate::bus::Bus::open_with(&args.transport, &args.queue, &opts).await?;
     let tables = Tables::new(&args.tables)?;
     let dedup_table = tables.dedup.clone();
     let store = B::open(&args.store, &tables).await?;
@@ -141,7 +149,9 @@ async fn run_on<B: Bank>(args: WorkerArgs) -> anyhow::Result<()> {
     if args.ack_in_transaction {
         let acker = queue
             .transactional_ack::<B::Tx>()
-            .context("--ack-in-transaction needs a postgres:// transport and store")?;
+            .context(
+                "--ack-in-transaction needs a postgres:// transport and store, or a kafka:// transport and a SQL store",
+            )?;
         consumer = consumer.with_transactional_ack(acker);
     }
     if let Some(pauser) = protocol::Pauser::from_env()? {
@@ -227,9 +237,14 @@ impl<B: Bank> Source for Audited<B> {
     async fn receive(&self, max: usize, wait: Duration) -> justonce::Result<Vec<Delivery>> {
         let got = self.inner.receive(max, wait).await?;
         if !got.is_empty() {
-            let rows: Vec<(Option<String>, bool)> = got
+            let rows: Vec<Seen> = got
                 .iter()
-                .map(|d| (d.message.id().map(|i| i.as_str().to_owned()), d.redelivered))
+                .map(|d| Seen {
+                    id: d.message.id().map(|i| i.as_str().to_owned()),
+                    redelivered: d.redelivered,
+                    // Kafka marks no record read again by a new member: its position says.
+                    at: justonce::kafka::record_at(&d.receipt).map(|(p, o)| format!("{p}:{o}")),
+                })
                 .collect();
             if let Err(e) = self.store.record_deliveries(&self.tables, &rows).await {
                 tracing::warn!(error = %e.to_chain_string(), "could not record deliveries in the audit table");

@@ -39,6 +39,27 @@ pub use options::{KafkaOptions, Start};
 pub use publish::KafkaPublisher;
 pub use source::{KafkaSource, OffsetsAck};
 
+/// Where a delivery of a [`KafkaSource`] sits in its topic: `(partition, offset)`; `None`
+/// for a receipt of another transport.
+///
+/// Kafka keeps no delivery count: a record read again by a new member of the group (after
+/// a crash or a rebalance) is not marked `redelivered`, only a record this member hands
+/// out again is. Two deliveries at one position are the same record read twice; two
+/// positions with one message id are two copies at the broker (a producer's re-send).
+///
+/// ```
+/// # fn log(d: &justonce_core::Delivery) {
+/// if let Some((partition, offset)) = justonce_kafka::record_at(&d.receipt) {
+///     tracing::info!(partition, offset, "paying");
+/// }
+/// # }
+/// ```
+pub fn record_at(receipt: &justonce_core::Receipt) -> Option<(i32, i64)> {
+    receipt
+        .downcast_ref::<state::Token>()
+        .map(|t| (t.partition, t.offset))
+}
+
 /// `host:port,…` from a `kafka://host:port,…` URL or a plain broker list.
 pub(crate) fn brokers_of(url: &str) -> String {
     let s = url.trim();

@@ -44,6 +44,13 @@ pub struct KafkaOptions {
     pub positions: Option<Arc<dyn Positions>>,
     /// Where a partition with no position starts (default [`Start::Earliest`]).
     pub start: Start,
+    /// The partitions this worker reads, assigned by hand (default `None`: the group
+    /// protocol shares them among the group's members). With a list the worker joins no
+    /// group: nothing rebalances, and a worker that stops leaves its partitions unread
+    /// until it (or one started with the same list) comes back, at the stored positions.
+    /// For one worker per partition set (a StatefulSet's ordinal), and for brokers whose
+    /// group protocol cannot be trusted with dead members (tansu 0.6, docs/guide/kafka.md).
+    pub assignment: Option<Vec<i32>>,
     /// The group's session timeout: how long a worker that stopped answering (killed,
     /// paused, cut off) keeps its partitions before the group gives them to another
     /// (default 10 s). This is the source's lease.
@@ -78,6 +85,7 @@ impl fmt::Debug for KafkaOptions {
             .field("dead_topic", &self.dead_topic)
             .field("positions", &self.positions.as_ref().map(|_| "store"))
             .field("start", &self.start)
+            .field("assignment", &self.assignment)
             .field("session_timeout", &self.session_timeout)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("create", &self.create)
@@ -109,6 +117,7 @@ impl KafkaOptions {
             partitions: 4,
             positions: None,
             start: Start::Earliest,
+            assignment: None,
             session_timeout: Duration::from_secs(10),
             max_message_bytes: 1 << 20,
             prefetch: 1000,
@@ -152,6 +161,12 @@ impl KafkaOptions {
     /// Sets [`KafkaOptions::start`].
     pub fn start(mut self, start: Start) -> Self {
         self.start = start;
+        self
+    }
+
+    /// Sets [`KafkaOptions::assignment`].
+    pub fn assign(mut self, partitions: impl IntoIterator<Item = i32>) -> Self {
+        self.assignment = Some(partitions.into_iter().collect());
         self
     }
 

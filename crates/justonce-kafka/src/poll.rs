@@ -97,7 +97,7 @@ impl ConsumerContext for Ctx {
 /// positions in a store that cannot be read now, Kafka's committed offsets (never past
 /// the store's: they are committed after it) or the earliest record: read again, never
 /// skipped.
-fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
+pub(crate) fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
     let fallback = match s.start {
         Start::Earliest => Offset::Beginning,
         Start::Latest => Offset::End,
@@ -200,7 +200,14 @@ pub(crate) fn run(
             }
             paused = full;
         }
-        match consumer.poll(Duration::from_millis(100)) {
+        // While the source is full its partitions are paused and a poll only serves the
+        // group: come back soon to hand over what waits as room frees up.
+        let wait = if full {
+            Duration::from_millis(2)
+        } else {
+            Duration::from_millis(100)
+        };
+        match consumer.poll(wait) {
             None => {}
             Some(Err(e)) => debug!(error = %e, "Kafka consumer error"),
             Some(Ok(m)) => {

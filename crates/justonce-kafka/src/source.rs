@@ -116,6 +116,11 @@ impl KafkaSource {
             .set("session.timeout.ms", millis(session))
             .set("heartbeat.interval.ms", millis(session / 4))
             .set("queued.max.messages.kbytes", "16384")
+            // A fetch answers after at most this long even with nothing new: the poll
+            // thread pauses its partitions while the source is full, and a resume fetches
+            // again (librdkafka's 500 ms default made every resume, and every record
+            // published to an idle topic, wait half a second on tansu).
+            .set("fetch.wait.max.ms", "50")
             .set(
                 "fetch.max.bytes",
                 (o.max_message_bytes.max(1 << 20) * 4).to_string(),
@@ -127,9 +132,41 @@ impl KafkaSource {
         let consumer: BaseConsumer<Ctx> = config
             .create_with_context(Ctx(shared.clone()))
             .map_err(|e| kafka("creating the Kafka consumer", e))?;
-        consumer
-            .subscribe(&[&o.topic])
-            .map_err(|e| kafka(format!("subscribing to `{}`", o.topic), e))?;
+        match &o.assignment {
+            None => consumer
+                .subscribe(&[&o.topic])
+                .map_err(|e| kafka(format!("subscribing to `{}`", o.topic), e))?,
+            Some(parts) => {
+                if let Some(p) = parts.iter().find(|p| **p < 0) {
+                    return Err(Error::config(format!(
+                        "partition {p} of `{}`: partitions are numbered from 0",
+                        o.topic
+                    )));
+                }
+                // The stored positions are read off the runtime (the poll thread's
+                // reader blocks on it).
+                let (s, list) = (shared.clone(), parts.clone());
+                let starts = tokio::task::spawn_blocking(move || poll::starts(&s, &list))
+                    .await
+                    .map_err(|e| {
+                        Error::with_source(ErrorKind::Resource, "reading the positions", e)
+                    })?;
+                let mut tpl = TopicPartitionList::new();
+                {
+                    let mut state = poll::lock(&shared.state);
+                    for p in parts {
+                        let (offset, number) = starts[p];
+                        state.assign(*p, number);
+                        tpl.add_partition_offset(&o.topic, *p, offset)
+                            .map_err(|e| kafka("a partition to read", e))?;
+                    }
+                }
+                consumer
+                    .assign(&tpl)
+                    .map_err(|e| kafka(format!("assigning partitions of `{}`", o.topic), e))?;
+                tracing::info!(topic = %o.topic, partitions = ?parts, "partitions assigned by hand");
+            }
+        }
         let consumer = Arc::new(consumer);
         let (tx, rx) = mpsc::channel(o.prefetch);
         let (commands, command_rx) = std_mpsc::channel();

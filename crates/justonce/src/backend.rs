@@ -225,8 +225,10 @@ impl StoreKind {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct TransportOptions {
-    /// The SQL queues' lease: how long a delivery waits for its settlement before it is
-    /// delivered again.
+    /// The lease: how long a delivery waits for its settlement before it is delivered
+    /// again (the SQL queues' lease, a Redis stream's idle time before a claim, NATS's
+    /// `ack_wait`, and on Kafka the group's session timeout, at least 6 s: how long a
+    /// member that is gone holds its partitions).
     pub lease: Duration,
     /// RabbitMQ's prefetch, unless `amqp` says otherwise.
     pub prefetch: u16,
@@ -245,6 +247,10 @@ pub struct TransportOptions {
     /// positions, moved in that store's transactions ([`Transport::transactional_ack`]);
     /// `None`: Kafka's committed offsets. Ignored by the other transports.
     pub positions: Option<String>,
+    /// The Kafka partitions this consumer reads, assigned by hand instead of by the group
+    /// protocol (`KafkaOptions::assignment`); `None`: the group shares them. Ignored by
+    /// the other transports.
+    pub kafka_partitions: Option<Vec<i32>>,
 }
 
 impl Default for TransportOptions {
@@ -258,6 +264,7 @@ impl Default for TransportOptions {
             amqp: None,
             consumer_name: None,
             positions: None,
+            kafka_partitions: None,
         }
     }
 }
@@ -623,6 +630,8 @@ pub enum LocalService {
     Redis,
     /// NATS with JetStream: `JUSTONCE_NATS_URL`, default `nats://127.0.0.1:4222`.
     Nats,
+    /// Kafka (tansu here): `JUSTONCE_KAFKA_URL`, default `kafka://127.0.0.1:9092`.
+    Kafka,
 }
 
 impl LocalService {
@@ -634,6 +643,7 @@ impl LocalService {
             LocalService::MariaDb => "MariaDB",
             LocalService::Redis => "Redis",
             LocalService::Nats => "NATS",
+            LocalService::Kafka => "Kafka",
         }
     }
 
@@ -645,6 +655,7 @@ impl LocalService {
             LocalService::MariaDb => "JUSTONCE_MYSQL_URL",
             LocalService::Redis => "JUSTONCE_REDIS_URL",
             LocalService::Nats => "JUSTONCE_NATS_URL",
+            LocalService::Kafka => "JUSTONCE_KAFKA_URL",
         }
     }
 
@@ -656,6 +667,7 @@ impl LocalService {
             LocalService::MariaDb => "127.0.0.1:3306",
             LocalService::Redis => "127.0.0.1:6379",
             LocalService::Nats => "127.0.0.1:4222",
+            LocalService::Kafka => "127.0.0.1:9092",
         }
     }
 
@@ -668,6 +680,7 @@ impl LocalService {
                 LocalService::MariaDb => "mysql://root@127.0.0.1:3306/test",
                 LocalService::Redis => "redis://127.0.0.1:6379",
                 LocalService::Nats => "nats://127.0.0.1:4222",
+                LocalService::Kafka => "kafka://127.0.0.1:9092",
             }
             .to_owned()
         })
@@ -688,7 +701,15 @@ mod kafka {
         opts: &TransportOptions,
         consume: bool,
     ) -> Result<Transport> {
-        let o = KafkaOptions::new(url, queue).create(opts.create);
+        // A member that is gone holds its partitions for the session timeout: Kafka's
+        // lease, no shorter than the 6 s brokers accept by default
+        // (`group.min.session.timeout.ms`).
+        let mut o = KafkaOptions::new(url, queue)
+            .create(opts.create)
+            .session_timeout(opts.lease.max(Duration::from_secs(6)));
+        if let Some(parts) = &opts.kafka_partitions {
+            o = o.assign(parts.iter().copied());
+        }
         let Some(store) = opts.positions.as_deref() else {
             return plain(kind, o, consume).await;
         };

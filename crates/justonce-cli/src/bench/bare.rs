@@ -1,6 +1,6 @@
 //! The bare baselines: the same business write per message with no justonce runtime, on a
 //! SQL queue through its own calls, on RabbitMQ through lapin, on a Redis stream through
-//! redis-rs and on a NATS stream through async-nats directly.
+//! redis-rs, on a NATS stream through async-nats and on Kafka through rdkafka directly.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -268,6 +268,80 @@ pub(crate) async fn bare_nats<B: Bank>(
                 for m in &got {
                     m.ack().await.map_err(|e| anyhow::anyhow!("ack: {e}"))?;
                 }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    Ok(joined(tasks))
+}
+
+/// The bare baseline on Kafka: rdkafka directly. Per batch loop a `StreamConsumer` in a
+/// group of the baseline's own on the bench's topic (from the earliest offset, no automatic
+/// commits); per batch: the first record awaited, more until the batch is full or 5 ms have
+/// passed, one transaction of the store, then one synchronous commit of the offsets past
+/// the batch (at-least-once: the offsets move after the effect, as justonce moves Kafka's
+/// committed offsets after each ack). No retries, no dead letters: a failure ends the run.
+pub(crate) async fn bare_kafka<B: Bank>(
+    args: &BenchRunArgs,
+    bank: &B,
+    tables: &Tables,
+    clock: Arc<Clock>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+    use rdkafka::{Message as _, Offset, TopicPartitionList};
+
+    let opts = justonce::kafka::KafkaOptions::new(args.transport.as_str(), args.name.as_str());
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &opts.brokers)
+            .set("group.id", format!("{}-bare", opts.group))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("log_level", "3")
+            .create()
+            .context("creating the Kafka consumer")?;
+        consumer
+            .subscribe(&[&opts.topic])
+            .context("subscribing to the bench's topic")?;
+        let consumer = Arc::new(consumer);
+        let (bank, tables, clock, mut stop) =
+            (bank.clone(), tables.clone(), clock.clone(), stop.clone());
+        let (batch, topic) = (args.batch, opts.topic.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let first = tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    m = consumer.recv() => m?.detach(),
+                };
+                let mut ms = vec![first];
+                let linger = tokio::time::sleep(Duration::from_millis(5));
+                tokio::pin!(linger);
+                while ms.len() < batch {
+                    tokio::select! {
+                        _ = &mut linger => break,
+                        m = consumer.recv() => ms.push(m?.detach()),
+                    }
+                }
+                let ids = pay_batch(
+                    &bank,
+                    &tables,
+                    ms.iter().map(|m| m.payload().unwrap_or_default()),
+                )
+                .await?;
+                clock.committed(ids.iter().map(String::as_str));
+                let mut next = std::collections::BTreeMap::new();
+                for m in &ms {
+                    let o = next.entry(m.partition()).or_insert(0);
+                    *o = (*o).max(m.offset() + 1);
+                }
+                let mut tpl = TopicPartitionList::new();
+                for (partition, offset) in next {
+                    tpl.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
+                }
+                let c = consumer.clone();
+                tokio::task::spawn_blocking(move || c.commit(&tpl, CommitMode::Sync)).await??;
             }
             anyhow::Ok(())
         }));

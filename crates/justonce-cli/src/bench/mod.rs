@@ -203,11 +203,6 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if args.transport.as_deref().map(Bus::kind_of).transpose()?
-        == Some(justonce::backend::TransportKind::Kafka)
-    {
-        bail!("the bench does not run on Kafka yet (issue 22): use the demo, or the library");
-    }
     if args.messages == 0 || args.repeats == 0 {
         bail!("--messages and --repeats must each be at least 1");
     }

@@ -27,7 +27,7 @@ use justonce::{Consumer, ConsumerOptions, Message, Semantics};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::bare::{bare_amqp, bare_nats, bare_redis, bare_source, joined};
+use super::bare::{bare_amqp, bare_kafka, bare_nats, bare_redis, bare_source, joined};
 use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
 use super::server::{deadlocks, settle};
 use super::Variant;
@@ -195,11 +195,12 @@ async fn run_with<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<RunResult> {
     // publisher in another process would be seen within the queue's poll interval
     // (SQLite) or by NOTIFY (PostgreSQL).
     let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
-    // On RabbitMQ the load goes through a publisher that never consumes; the consumer
-    // (or the bare lapin loop) opens its own channel once the load is in.
+    // On RabbitMQ and Kafka the load goes through a publisher that never consumes; the
+    // consumer (or the bare lapin or rdkafka loop) opens its own channel, or joins its
+    // group, once the load is in.
     let topology = Topology::default();
     let lease = Duration::from_secs(60);
-    let (bus, sink) = if Bus::kind_of(&args.transport)? == TransportKind::Amqp {
+    let (bus, sink) = if publisher_only(&args.transport)? {
         let sink = Bus::open_publisher(&args.transport, &args.name, &topology).await;
         (None, sink.context("opening the transport")?)
     } else {
@@ -358,7 +359,7 @@ async fn consume<B: Bank>(args: &BenchRunArgs) -> anyhow::Result<()> {
     let tables = Tables::new(&args.name)?;
     let bank = B::open(&args.store, &tables).await?;
     let prefetch = u16::try_from((args.batch * args.concurrency * 2).max(10)).unwrap_or(u16::MAX);
-    let bus = if Bus::kind_of(&args.transport)? == TransportKind::Amqp {
+    let bus = if publisher_only(&args.transport)? {
         None
     } else {
         let topology = Topology::default();
@@ -470,6 +471,16 @@ async fn measure<B: Bank>(
 
 pub(crate) type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
 
+/// Whether the bench publishes through a transport that never consumes, the consumer
+/// opening its own once the load is in: on RabbitMQ (a channel of its own) and Kafka (a
+/// group member would fetch, and the broker serve it, while the load goes in).
+fn publisher_only(transport: &str) -> anyhow::Result<bool> {
+    Ok(matches!(
+        Bus::kind_of(transport)?,
+        TransportKind::Amqp | TransportKind::Kafka
+    ))
+}
+
 /// Resolves only if the consumer stops on its own (an error): the drain cannot finish.
 async fn consumer_failed(consumer: &Running) -> anyhow::Result<()> {
     while !consumer.is_finished() {
@@ -491,7 +502,10 @@ async fn start<B: Bank>(
     let bus = match bus {
         Some(bus) => bus,
         None if args.variant == Variant::Bare => {
-            return bare_amqp(args, bank, tables, clock, stop).await;
+            return match Bus::kind_of(&args.transport)? {
+                TransportKind::Kafka => bare_kafka(args, bank, tables, clock, stop).await,
+                _ => bare_amqp(args, bank, tables, clock, stop).await,
+            };
         }
         None => {
             Bus::open(

@@ -267,13 +267,15 @@ async fn pg_restart() -> bool {
     .unwrap_or(false)
 }
 
-/// A server the lab started itself to restart it: a Redis or a NATS, on a port and
-/// directory of its own; the servers at the URLs given are never restarted.
+/// A server the lab started itself to restart it: a Redis, a NATS or a tansu, on a port
+/// and directory of its own; the servers at the URLs given are never restarted.
 pub(crate) enum OwnBroker {
     /// A durable `redis-server`.
     Redis(justonce_redis::harness::OwnServer),
     /// A `nats-server` with JetStream.
     Nats(justonce_nats::harness::OwnServer),
+    /// A tansu (Kafka) broker with SQLite storage.
+    Kafka(justonce_kafka::harness::OwnBroker),
 }
 
 impl OwnBroker {
@@ -291,6 +293,11 @@ impl OwnBroker {
                     .await
                     .context("cannot start the lab's own nats-server (is it installed?)")?,
             )),
+            TransportKind::Kafka => Some(OwnBroker::Kafka(
+                justonce_kafka::harness::OwnBroker::start().await.context(
+                    "cannot start the lab's own tansu (scripts/services.sh installs it)",
+                )?,
+            )),
             _ => None,
         })
     }
@@ -300,6 +307,7 @@ impl OwnBroker {
         match self {
             OwnBroker::Redis(s) => s.url(),
             OwnBroker::Nats(s) => s.url(),
+            OwnBroker::Kafka(s) => s.url(),
         }
     }
 
@@ -308,6 +316,7 @@ impl OwnBroker {
         match self {
             OwnBroker::Redis(_) => "redis-server",
             OwnBroker::Nats(_) => "nats-server",
+            OwnBroker::Kafka(_) => "tansu",
         }
     }
 
@@ -315,6 +324,7 @@ impl OwnBroker {
         match self {
             OwnBroker::Redis(s) => s.kill().await,
             OwnBroker::Nats(s) => s.kill().await,
+            OwnBroker::Kafka(s) => s.kill().await,
         }
     }
 
@@ -322,6 +332,7 @@ impl OwnBroker {
         match self {
             OwnBroker::Redis(s) => s.restart().await,
             OwnBroker::Nats(s) => s.restart().await,
+            OwnBroker::Kafka(s) => s.restart().await,
         }
     }
 }

@@ -5,8 +5,8 @@
 //! Faults: SIGKILL of a worker at a chosen point of its batch (announced by the worker's
 //! fault hook, `JUSTONCE_FAULT_PAUSE`), SIGSTOP/SIGCONT longer than the lease, a TCP proxy
 //! between the processes and the services (cut every connection, add delay, black-hole),
-//! RabbitMQ `stop_app`/`start_app`, a crash and restart of a `redis-server` the lab started
-//! itself, a PostgreSQL restart, a business table renamed away for
+//! RabbitMQ `stop_app`/`start_app`, a crash and restart of a `redis-server`, `nats-server`
+//! or tansu (Kafka) the lab started itself, a PostgreSQL restart, a business table renamed away for
 //! a few seconds (a deploy whose migration is missing), and duplicate publishes (the plan's,
 //! and every re-send after a failed publish).
 
@@ -45,9 +45,10 @@ pub(crate) enum FaultClass {
     Delay,
     /// The TCP proxy forwards nothing for three leases, refusing nothing either.
     Blackhole,
-    /// RabbitMQ `stop_app`, 2 s, `start_app`; on Redis, a SIGKILL of the lab's own
-    /// `redis-server` (`appendonly yes`, `appendfsync always`; never the machine's), 2 s,
-    /// and a start on the same port and directory.
+    /// RabbitMQ `stop_app`, 2 s, `start_app`; on Redis, NATS and Kafka, a SIGKILL of the
+    /// lab's own server (a `redis-server` with `appendonly yes`, `appendfsync always`, a
+    /// `nats-server`, a tansu; never the machine's), 2 s, and a start on the same port and
+    /// directory.
     BrokerRestart,
     /// `pg_ctlcluster … restart` of PostgreSQL.
     DbRestart,
@@ -56,8 +57,8 @@ pub(crate) enum FaultClass {
     Schema,
     /// The orders placed through a producer outbox and published by two relay processes:
     /// a relay killed between its confirm and its mark (a duplicate at the broker), the
-    /// producer killed right after a commit, the broker (RabbitMQ, the lab's own Redis, or
-    /// PostgreSQL as the transport) restarted while the relays publish.
+    /// producer killed right after a commit, the broker (RabbitMQ, the lab's own Redis,
+    /// NATS or tansu, or PostgreSQL as the transport) restarted while the relays publish.
     Relay,
 }
 
@@ -99,7 +100,10 @@ impl FaultClass {
             FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
             FaultClass::BrokerRestart => matches!(
                 transport,
-                TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats
+                TransportKind::Amqp
+                    | TransportKind::Redis
+                    | TransportKind::Nats
+                    | TransportKind::Kafka
             ),
             FaultClass::DbRestart => {
                 transport == TransportKind::Postgres || store == StoreKind::Postgres
@@ -141,9 +145,10 @@ pub(crate) struct LabArgs {
     #[arg(long, default_value_t = 1000)]
     lease_ms: u64,
     /// Run every fault class against every transport/store pair that is reachable, one line
-    /// each, and a summary (SQLite, RabbitMQ, PostgreSQL and Redis transports; SQLite,
-    /// PostgreSQL, MariaDB and Redis stores, at their default local URLs or
-    /// JUSTONCE_AMQP_URL, JUSTONCE_POSTGRES_URL, JUSTONCE_MYSQL_URL, JUSTONCE_REDIS_URL).
+    /// each, and a summary (SQLite, RabbitMQ, PostgreSQL, Redis, NATS and Kafka transports;
+    /// SQLite, PostgreSQL, MariaDB and Redis stores, at their default local URLs or
+    /// JUSTONCE_AMQP_URL, JUSTONCE_POSTGRES_URL, JUSTONCE_MYSQL_URL, JUSTONCE_REDIS_URL,
+    /// JUSTONCE_NATS_URL, JUSTONCE_KAFKA_URL).
     #[arg(long)]
     matrix: bool,
     /// With --matrix, a sample of it: every fault class on each transport with one store
@@ -255,15 +260,6 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     if args.messages == 0 || args.workers == 0 {
         bail!("--messages and --workers must each be at least 1");
     }
-    if args
-        .transport
-        .as_deref()
-        .map(TransportKind::from_url)
-        .transpose()?
-        == Some(TransportKind::Kafka)
-    {
-        bail!("the lab does not run on Kafka yet (issue 22): use the demo, or the library");
-    }
     let exe = std::env::current_exe()?;
     if !args.matrix {
         let scenario = Scenario::new(
@@ -289,11 +285,12 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let my = local(LocalService::MariaDb);
     let redis = local(LocalService::Redis);
     let nats = local(LocalService::Nats);
+    let kafka = local(LocalService::Kafka);
     // `None` is the embedded SQLite default; an unreachable service is left out.
     let transports: Vec<Option<String>> = [None]
         .into_iter()
         .chain(
-            [amqp, pg.clone(), redis.clone(), nats]
+            [amqp, pg.clone(), redis.clone(), nats, kafka]
                 .into_iter()
                 .flatten()
                 .map(Some),
@@ -492,8 +489,9 @@ mod tests {
         let my = Some("mysql://root@127.0.0.1:3306/test".to_owned());
         let redis = Some("redis://127.0.0.1:6379".to_owned());
         let nats = Some("nats://127.0.0.1:4222".to_owned());
+        let kafka = Some("kafka://127.0.0.1:9092".to_owned());
         (
-            vec![None, amqp, pg.clone(), redis.clone(), nats],
+            vec![None, amqp, pg.clone(), redis.clone(), nats, kafka],
             vec![None, pg, my, redis],
         )
     }
@@ -534,6 +532,7 @@ mod tests {
             TransportKind::Postgres,
             TransportKind::Redis,
             TransportKind::Nats,
+            TransportKind::Kafka,
         ] {
             for class in FaultClass::ALL {
                 if class.applies(t, StoreKind::Postgres) {
@@ -548,7 +547,11 @@ mod tests {
             assert!(sample.iter().any(|c| c.1 == s), "{s:?}");
         }
         assert!(sample.contains(&(TransportKind::Sqlite, StoreKind::MySql, FaultClass::Schema)));
-        for t in [TransportKind::Redis, TransportKind::Nats] {
+        for t in [
+            TransportKind::Redis,
+            TransportKind::Nats,
+            TransportKind::Kafka,
+        ] {
             assert!(sample.contains(&(t, StoreKind::Postgres, FaultClass::BrokerRestart)));
         }
         assert!(!sample

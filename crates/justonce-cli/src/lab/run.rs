@@ -63,6 +63,13 @@ impl Scenario {
         let s_kind = store
             .as_deref()
             .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)?;
+        if t_kind == TransportKind::Kafka && args.workers > super::supervisor::KAFKA_PARTITIONS {
+            bail!(
+                "on Kafka the lab's topic has {} partitions, each read by one worker: at most {} workers",
+                super::supervisor::KAFKA_PARTITIONS,
+                super::supervisor::KAFKA_PARTITIONS
+            );
+        }
         for f in &faults {
             if !f.applies(t_kind, s_kind) {
                 bail!(
@@ -148,7 +155,10 @@ impl Scenario {
             let f = match (f, self.t_kind) {
                 (
                     FaultClass::Relay,
-                    TransportKind::Amqp | TransportKind::Redis | TransportKind::Nats,
+                    TransportKind::Amqp
+                    | TransportKind::Redis
+                    | TransportKind::Nats
+                    | TransportKind::Kafka,
                 ) => FaultClass::BrokerRestart,
                 (FaultClass::Relay, TransportKind::Postgres) => FaultClass::DbRestart,
                 (FaultClass::Relay, _) => continue,
@@ -183,8 +193,8 @@ impl Scenario {
     ) -> anyhow::Result<LabReport> {
         let tmp = tempfile::Builder::new().prefix("justonce-lab-").tempdir()?;
         let in_tmp = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
-        // A Redis or NATS server the lab restarts is one it started itself (a Redis durable
-        // as the guide says it must be); the server at the URL given is left alone.
+        // A Redis, NATS or Kafka server the lab restarts is one it started itself (a Redis
+        // durable as the guide says it must be); the server at the URL given is left alone.
         let mut own_broker = if self.milestone_faults().contains(&FaultClass::BrokerRestart) {
             OwnBroker::start(self.t_kind).await?
         } else {
@@ -203,7 +213,14 @@ impl Scenario {
         // The checker's own connections, straight to the services.
         let store = B::open(&store_url, &tables).await?;
         store.setup(&tables, &[]).await?;
-        let sink = Bus::open_publisher(&transport, &queue, &self.topology).await?;
+        let positions_in_store =
+            self.t_kind == TransportKind::Kafka && self.s_kind != StoreKind::Redis;
+        let sink = if positions_in_store {
+            Bus::open_publisher_with_positions(&transport, &queue, &self.topology, &store_url)
+                .await?
+        } else {
+            Bus::open_publisher(&transport, &queue, &self.topology).await?
+        };
 
         // The workers' and the publisher's connections go through the fault proxies.
         let (t_proxy, worker_transport) =
@@ -228,6 +245,10 @@ impl Scenario {
             semantics: self.semantics,
             lease: self.lease,
             topology: self.topology.to_args(),
+            // On Kafka with a SQL store the consumer's positions live in the store and move
+            // in its transactions: the design the Kafka guide recommends, proven here.
+            positions_in_store,
+            kafka_workers: (self.t_kind == TransportKind::Kafka).then_some(self.workers),
             schema_pauses: Arc::default(),
             metrics: self.metrics,
         };

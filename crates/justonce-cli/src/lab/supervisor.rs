@@ -57,11 +57,19 @@ pub(crate) struct WorkerSpec {
     pub(crate) lease: Duration,
     /// The RabbitMQ topology flags.
     pub(crate) topology: Vec<String>,
+    /// `--ack-in-transaction`: on Kafka, the positions in the store.
+    pub(crate) positions_in_store: bool,
+    /// On Kafka, the workers in all: slot i reads the partitions p with p mod K = i,
+    /// assigned by hand (tansu 0.6 keeps a killed member in the group for good).
+    pub(crate) kafka_workers: Option<usize>,
     /// Batches handed back for a schema error, as the workers logged them.
     pub(crate) schema_pauses: Arc<std::sync::atomic::AtomicU64>,
     /// `--metrics-addr`: where the workers serve their metrics (port + slot).
     pub(crate) metrics: Option<std::net::SocketAddr>,
 }
+
+/// Partitions of the lab's topic on Kafka (`KafkaOptions`'s default).
+pub(crate) const KAFKA_PARTITIONS: usize = 4;
 
 impl WorkerSpec {
     /// Starts a worker in `slot`; with `kill`, it stops at that point of its n-th batch and
@@ -105,6 +113,14 @@ impl WorkerSpec {
             "--no-setup",
         ])
         .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
+        .args(self.positions_in_store.then_some("--ack-in-transaction"))
+        .args(self.kafka_workers.into_iter().flat_map(|k| {
+            let mine: Vec<String> = (0..KAFKA_PARTITIONS)
+                .filter(|p| p % k == slot)
+                .map(|p| p.to_string())
+                .collect();
+            ["--kafka-partitions".to_owned(), mine.join(",")]
+        }))
         .args(self.metrics.into_iter().flat_map(|base| {
             let addr = super::scrape::worker_addr(base, slot).to_string();
             // The lab reads the dead letters itself; the workers leave them alone.

@@ -16,7 +16,7 @@ use justonce::{
     async_trait, Cas, ClaimStore, DedupStore, OutboxStore, Result, StateMachine, Transition,
 };
 
-use super::{Effects, Payment, Receipt, Tables, ACCOUNTS};
+use super::{Effects, Payment, Receipt, Seen, Tables, ACCOUNTS};
 
 /// The demo's business database: a dedup store whose transactions the payments are written
 /// in, with the SQL of its dialect. Implemented by [`bank!`] for SQLite, PostgreSQL and
@@ -64,19 +64,21 @@ pub(crate) trait Bank: DedupStore + Clone {
     ) -> Result<Cas>;
     /// The payment: balance and ledger row. False when the account does not exist.
     async fn pay(tx: &mut Self::Tx, t: &Tables, p: &Payment) -> Result<bool>;
-    /// Appends one row per delivery received (its message id, whether the transport marked
-    /// it redelivered) to `t.deliveries`, outside any consumer transaction.
-    async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()>;
+    /// Appends one row per delivery received to `t.deliveries`, outside any consumer
+    /// transaction.
+    async fn record_deliveries(&self, t: &Tables, rows: &[Seen]) -> Result<()>;
     /// Rows in the ledger (cheap: for progress, not for checking).
     async fn ledger_rows(&self, t: &Tables) -> Result<u64>;
     /// The highest ledger row number committed so far: one index lookup, however long the
     /// ledger. Never below [`Bank::ledger_rows`] (rolled-back inserts leave gaps).
     async fn ledger_high(&self, t: &Tables) -> Result<u64>;
-    /// Deliveries recorded, and how many of them were redeliveries.
+    /// Deliveries recorded, and how many of them were redeliveries: marked so by the
+    /// transport, or (where deliveries carry a position) a position read again.
     async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)>;
     /// Duplicates at the broker, from the audit table: first deliveries (not marked
-    /// redelivered) of a message id beyond its first. A lower bound: a worker killed before
-    /// it wrote its audit rows leaves some out.
+    /// redelivered) of a message id beyond its first, or (where deliveries carry a
+    /// position) positions of a message id beyond its first. A lower bound: a worker
+    /// killed before it wrote its audit rows leaves some out.
     async fn broker_duplicates(&self, t: &Tables) -> Result<u64>;
     /// The lab's producer: records the order as placed, in the producer's transaction.
     /// False when it was placed already (a producer started again after a crash).
@@ -146,7 +148,7 @@ macro_rules! bank {
                     format!("CREATE TABLE IF NOT EXISTS {} (order_id VARCHAR(64) PRIMARY KEY)", t.placed),
                     format!(
                         "CREATE TABLE IF NOT EXISTS {} (seq {}, message_id VARCHAR(255),
-                             redelivered BIGINT NOT NULL)",
+                             redelivered BIGINT NOT NULL, record_at VARCHAR(64))",
                         t.deliveries, $serial
                     ),
                     format!(
@@ -248,14 +250,16 @@ macro_rules! bank {
                 g.bump(tx, order_id, expected).await
             }
 
-            async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()> {
+            async fn record_deliveries(&self, t: &Tables, rows: &[Seen]) -> Result<()> {
                 for chunk in rows.chunks(500) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(format!(
-                        "INSERT INTO {} (message_id, redelivered) ",
+                        "INSERT INTO {} (message_id, redelivered, record_at) ",
                         t.deliveries
                     ));
-                    q.push_values(chunk, |mut row, (id, redelivered)| {
-                        row.push_bind(id.as_deref()).push_bind(i64::from(*redelivered));
+                    q.push_values(chunk, |mut row, seen| {
+                        row.push_bind(seen.id.as_deref())
+                            .push_bind(i64::from(seen.redelivered))
+                            .push_bind(seen.at.as_deref());
                     });
                     q.build().execute(self.pool()).await?;
                 }
@@ -277,8 +281,13 @@ macro_rules! bank {
             }
 
             async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)> {
+                // A positioned delivery is again when its position was read before; the
+                // transport's mark counts where there is no position.
                 let (all, again): (i64, i64) = sqlx::query_as(&format!(
-                    "SELECT COUNT(*), COUNT(*) - COUNT(NULLIF(redelivered, 1)) FROM {}",
+                    "SELECT COUNT(*),
+                            COUNT(CASE WHEN record_at IS NULL AND redelivered = 1 THEN 1 END)
+                            + COUNT(record_at) - COUNT(DISTINCT record_at)
+                     FROM {}",
                     t.deliveries
                 ))
                 .fetch_one(self.pool())
@@ -289,8 +298,11 @@ macro_rules! bank {
             async fn broker_duplicates(&self, t: &Tables) -> Result<u64> {
                 let n: i64 = sqlx::query_scalar(&format!(
                     // COUNT is BIGINT on every dialect (MariaDB's SUM is DECIMAL).
-                    "SELECT COUNT(message_id) - COUNT(DISTINCT message_id) FROM {}
-                     WHERE redelivered = 0",
+                    "SELECT COUNT(CASE WHEN record_at IS NULL AND redelivered = 0 THEN message_id END)
+                            - COUNT(DISTINCT CASE WHEN record_at IS NULL AND redelivered = 0 THEN message_id END)
+                            + COUNT(DISTINCT CASE WHEN message_id IS NOT NULL THEN record_at END)
+                            - COUNT(DISTINCT CASE WHEN record_at IS NOT NULL THEN message_id END)
+                     FROM {}",
                     t.deliveries
                 ))
                 .fetch_one(self.pool())

@@ -15,6 +15,18 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use api::PaymentApi;
 pub(crate) use bank::Bank;
+
+/// One delivery received, as the lab's audit records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The message id, if it had one.
+    pub(crate) id: Option<String>,
+    /// Whether the transport marked it redelivered.
+    pub(crate) redelivered: bool,
+    /// Where it sits in a log, where the transport says (Kafka: `partition:offset`): two
+    /// deliveries at one position are one record read twice, whatever the mark says.
+    pub(crate) at: Option<String>,
+}
 pub(crate) use handler::{PaymentHandler, ReceiptHandler};
 
 /// Accounts the demo's payments are spread over.

@@ -3,7 +3,7 @@
 //! records in one script. The strategies that need a database's constraints or row locks
 //! (unique key, state machine, version) and the outbox are SQL only, and say so.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use justonce::{
 };
 use redis::AsyncCommands;
 
-use super::{Bank, Effects, Payment, Receipt, Tables};
+use super::{Bank, Effects, Payment, Receipt, Seen, Tables};
 
 fn sql_only(what: &str) -> Error {
     Error::config(format!(
@@ -142,14 +142,11 @@ impl Bank for RedisStore {
         Ok(true)
     }
 
-    async fn record_deliveries(&self, t: &Tables, rows: &[(Option<String>, bool)]) -> Result<()> {
+    async fn record_deliveries(&self, t: &Tables, rows: &[Seen]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
-        let entries: Vec<String> = rows
-            .iter()
-            .map(|(id, again)| format!("{}|{}", u8::from(*again), id.as_deref().unwrap_or("")))
-            .collect();
+        let entries: Vec<String> = rows.iter().map(entry).collect();
         let _: () = self
             .connection()
             .rpush(&t.deliveries, entries)
@@ -170,19 +167,11 @@ impl Bank for RedisStore {
     }
 
     async fn delivery_counts(&self, t: &Tables) -> Result<(u64, u64)> {
-        let rows = deliveries(self, t).await?;
-        let again = rows.iter().filter(|(again, _)| *again).count() as u64;
-        Ok((rows.len() as u64, again))
+        Ok(counts(&deliveries(self, t).await?))
     }
 
     async fn broker_duplicates(&self, t: &Tables) -> Result<u64> {
-        let mut seen: HashMap<String, u64> = HashMap::new();
-        for (again, id) in deliveries(self, t).await? {
-            if !again && !id.is_empty() {
-                *seen.entry(id).or_default() += 1;
-            }
-        }
-        Ok(seen.values().map(|n| n - 1).sum())
+        Ok(duplicates(&deliveries(self, t).await?))
     }
 
     async fn place(_tx: &mut RedisTx, _t: &Tables, _order_id: &str) -> Result<bool> {
@@ -238,20 +227,69 @@ impl Bank for RedisStore {
     }
 }
 
-/// The audit list, as (redelivered, message id).
-async fn deliveries(store: &RedisStore, t: &Tables) -> Result<Vec<(bool, String)>> {
+/// An entry of the audit list: `AGAIN|POSITION|ID` (a message id may hold `|`; a
+/// position never does).
+fn entry(s: &Seen) -> String {
+    format!(
+        "{}|{}|{}",
+        u8::from(s.redelivered),
+        s.at.as_deref().unwrap_or(""),
+        s.id.as_deref().unwrap_or("")
+    )
+}
+
+fn parse(r: &str) -> Seen {
+    let mut parts = r.splitn(3, '|');
+    let again = parts.next().unwrap_or("") == "1";
+    let at = parts.next().filter(|p| !p.is_empty()).map(str::to_owned);
+    let id = parts.next().filter(|p| !p.is_empty()).map(str::to_owned);
+    Seen {
+        id,
+        redelivered: again,
+        at,
+    }
+}
+
+/// Deliveries and redeliveries, as the SQL banks count them.
+fn counts(rows: &[Seen]) -> (u64, u64) {
+    let marked = rows
+        .iter()
+        .filter(|s| s.at.is_none() && s.redelivered)
+        .count();
+    let positioned: Vec<&str> = rows.iter().filter_map(|s| s.at.as_deref()).collect();
+    let distinct: HashSet<&str> = positioned.iter().copied().collect();
+    (
+        rows.len() as u64,
+        (marked + positioned.len() - distinct.len()) as u64,
+    )
+}
+
+/// Broker duplicates, as the SQL banks count them.
+fn duplicates(rows: &[Seen]) -> u64 {
+    let mut firsts: HashMap<&str, u64> = HashMap::new();
+    let mut places: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for s in rows {
+        let Some(id) = s.id.as_deref() else { continue };
+        match s.at.as_deref() {
+            None if !s.redelivered => *firsts.entry(id).or_default() += 1,
+            None => {}
+            Some(at) => {
+                places.entry(id).or_default().insert(at);
+            }
+        }
+    }
+    firsts.values().map(|n| n - 1).sum::<u64>()
+        + places.values().map(|p| p.len() as u64 - 1).sum::<u64>()
+}
+
+/// The audit list.
+async fn deliveries(store: &RedisStore, t: &Tables) -> Result<Vec<Seen>> {
     let rows: Vec<String> = store
         .connection()
         .lrange(&t.deliveries, 0, -1)
         .await
         .map_err(|e| redis_error("reading the deliveries", e))?;
-    Ok(rows
-        .into_iter()
-        .map(|r| match r.split_once('|') {
-            Some((again, id)) => (again == "1", id.to_owned()),
-            None => (false, r),
-        })
-        .collect())
+    Ok(rows.iter().map(|r| parse(r)).collect())
 }
 
 /// Redis keeps no outbox: every call says so ([`Bank::outbox`] never makes one).
@@ -290,5 +328,55 @@ impl OutboxStore for NoOutbox {
 
     async fn outbox_stats(&self) -> Result<OutboxStats> {
         Err(sql_only("the outbox"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(id: &str, redelivered: bool, at: Option<&str>) -> Seen {
+        Seen {
+            id: Some(id.to_owned()),
+            redelivered,
+            at: at.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn audit_entries_round_trip_and_ids_may_hold_the_separator() {
+        for s in [
+            seen("a|b", true, None),
+            seen("m1", false, Some("0:17")),
+            Seen {
+                id: None,
+                redelivered: false,
+                at: Some("2:3".into()),
+            },
+        ] {
+            assert_eq!(parse(&entry(&s)), s);
+        }
+    }
+
+    /// Marks count where there is no position; a position read twice is a redelivery, a
+    /// second position of one id a duplicate at the broker.
+    #[test]
+    fn redeliveries_and_broker_duplicates_from_marks_or_positions() {
+        let marked = [
+            seen("a", false, None),
+            seen("a", true, None),
+            seen("a", false, None),
+        ];
+        assert_eq!(counts(&marked), (3, 1));
+        assert_eq!(duplicates(&marked), 1);
+        let positioned = [
+            seen("a", false, Some("0:1")),
+            seen("a", true, Some("0:1")),
+            seen("a", false, Some("0:1")),
+            seen("a", false, Some("0:9")),
+            seen("b", false, Some("0:2")),
+        ];
+        assert_eq!(counts(&positioned), (5, 2));
+        assert_eq!(duplicates(&positioned), 1);
     }
 }

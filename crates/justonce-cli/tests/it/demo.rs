@@ -265,6 +265,37 @@ fn the_demo_on_nats_applies_every_order_once_and_the_server_drops_duplicate_publ
     assert_eq!(n(amo, "duplicate_effects"), 0, "{amo}");
 }
 
+/// The demo on Kafka (tansu) with the PostgreSQL store: effectively-once (the group's
+/// committed offsets and the dedup table) and the consumer's positions in the business
+/// database lose and double nothing; at-least-once doubles.
+#[test]
+fn the_demo_on_kafka_applies_every_order_once_with_positions_in_kafka_or_in_the_database() {
+    let (Some(kafka), Some(pg)) = (kafka_url(), postgres_url()) else {
+        return;
+    };
+    let r = json_demo(&[
+        "--transport",
+        &kafka,
+        "--store",
+        &pg,
+        "--messages",
+        "600",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(r["transport"], "kafka");
+    let poison = n(&r["faults"], "poison");
+    for semantics in ["effectively-once", "exactly-once (same database)"] {
+        let row = row(&r, semantics);
+        assert_eq!(n(row, "lost"), 0, "{row}");
+        assert_eq!(n(row, "duplicate_effects"), 0, "{row}");
+        assert_eq!(n(row, "dead_lettered"), poison, "{row}");
+    }
+    let alo = row(&r, "at-least-once");
+    assert_eq!(n(alo, "lost"), 0, "{alo}");
+    assert!(n(alo, "duplicate_effects") > 0, "{alo}");
+}
+
 #[test]
 fn every_strategy_keeps_effectively_once() {
     for strategy in [
@@ -323,6 +354,13 @@ pub(crate) fn mysql_url() -> Option<String> {
     justonce_test::service_available("MariaDB", "127.0.0.1:3306").then(|| {
         std::env::var("JUSTONCE_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    })
+}
+
+/// The shared tansu (`scripts/services.sh`), at JUSTONCE_KAFKA_URL or :9092.
+pub(crate) fn kafka_url() -> Option<String> {
+    justonce_test::service_available("Kafka (tansu)", "127.0.0.1:9092").then(|| {
+        std::env::var("JUSTONCE_KAFKA_URL").unwrap_or_else(|_| "kafka://127.0.0.1:9092".into())
     })
 }
 

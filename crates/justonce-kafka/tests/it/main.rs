@@ -431,3 +431,56 @@ async fn a_broker_restart_loses_nothing() {
         "the records after the restart, and none acked before"
     );
 }
+
+/// Partitions assigned by hand: a worker reads only its list, joins no group, and one
+/// started again with the same list reads on from the stored positions (what the lab's
+/// SIGKILLed workers rely on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_assigned_by_hand_are_read_from_the_stored_positions() {
+    let (Some(brokers), Some(pg)) = (brokers(), pg_url()) else {
+        return;
+    };
+    let _serial = SHARED.lock().await;
+    let store = PgStore::open(&pg).await.unwrap();
+    let positions = store.positions().await.unwrap();
+    let o = opts(&brokers, "assign")
+        .key_by_id(true)
+        .positions_in(positions.clone());
+    let publisher = KafkaPublisher::connect(o.clone()).await.unwrap();
+    let orders: Vec<Message> = (0..40).map(|i| msg(&format!("H-{i}"))).collect();
+    publisher.publish_batch(&orders).await.unwrap();
+    let mine = o.clone().assign([1, 3]);
+    let source = KafkaSource::connect(mine.clone()).await.unwrap();
+    assert_eq!(source.assigned(), [1, 3]);
+    let first = receive_n(&source, 40, Duration::from_secs(5)).await;
+    assert!(!first.is_empty() && first.len() < 40, "{}", first.len());
+    for d in &first {
+        let (p, _) = justonce_kafka::record_at(&d.receipt).unwrap();
+        assert!(p == 1 || p == 3, "a record of partition {p}");
+    }
+    // Half of them applied and their positions moved in a transaction; the worker dies.
+    let half = &first[..first.len() / 2];
+    let acks = source.acks_in(positions.clone()).unwrap();
+    use justonce_core::TransactionalAck;
+    let receipts: Vec<_> = half.iter().map(|d| &d.receipt).collect();
+    let mut tx = store.begin().await.unwrap();
+    acks.ack_in(&mut tx, &receipts).await.unwrap();
+    store.commit(tx).await.unwrap();
+    acks.committed(&receipts).await;
+    source.close().await;
+    // Its replacement, with the same list, reads the rest and nothing applied.
+    let again = KafkaSource::connect(mine).await.unwrap();
+    let rest = receive_n(&again, first.len() - half.len(), Duration::from_secs(10)).await;
+    let mut want: Vec<String> = ids(&first[half.len()..]);
+    let mut got = ids(&rest);
+    want.sort();
+    got.sort();
+    assert_eq!(
+        got, want,
+        "the records past the stored positions, and only those"
+    );
+    let e = KafkaSource::connect(o.assign([-1])).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    again.close().await;
+    again.cleanup().await.unwrap();
+}
