@@ -229,7 +229,7 @@ impl Scenario {
         let proxies: Vec<Arc<FaultProxy>> = [t_proxy, s_proxy].into_iter().flatten().collect();
 
         let mut rng = fastrand::Rng::with_seed(self.seed);
-        let kill_plan = schedule::kills(self.kills, self.semantics);
+        let kill_plan = schedule::kills(self.kills, self.semantics, positions_in_store);
         let point_kills = schedule::points(&kill_plan);
         // Milestones (fractions of the orders delivered) for everything but point kills: a
         // scheduled `Kill` is a kill at a random moment.

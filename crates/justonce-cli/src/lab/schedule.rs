@@ -17,11 +17,15 @@ pub(crate) enum KillAt {
 
 /// `n` kills: at the fault points that matter for `semantics` in turn (between commit and
 /// ack, before the commit; after the early ack for at-most-once), every fourth at a random
-/// moment instead.
-pub(crate) fn kills(n: u32, semantics: Semantics) -> Vec<KillAt> {
+/// moment instead. With the ack inside the transaction (`acks_in_tx`: a Kafka consumer's
+/// positions in the store) a kill after the commit redelivers nothing, so the first kill
+/// (a matrix line's only one) is before the commit.
+pub(crate) fn kills(n: u32, semantics: Semantics, acks_in_tx: bool) -> Vec<KillAt> {
     use FaultPoint::{AfterAck, AfterCommit, BeforeCommit};
     let points = if semantics == Semantics::AtMostOnce {
         [AfterAck, BeforeCommit, AfterAck]
+    } else if acks_in_tx {
+        [BeforeCommit, AfterCommit, BeforeCommit]
     } else {
         [AfterCommit, BeforeCommit, AfterCommit]
     };
@@ -81,7 +85,7 @@ mod tests {
         use FaultPoint::{AfterAck, AfterCommit, BeforeCommit};
         use KillAt::{Point, Random};
         assert_eq!(
-            kills(5, Semantics::EffectivelyOnce),
+            kills(5, Semantics::EffectivelyOnce, false),
             [
                 Point(AfterCommit),
                 Point(BeforeCommit),
@@ -91,15 +95,21 @@ mod tests {
             ]
         );
         assert_eq!(
-            kills(2, Semantics::AtMostOnce),
+            kills(2, Semantics::AtMostOnce, false),
             [Point(AfterAck), Point(BeforeCommit)]
         );
-        assert_eq!(points(&kills(4, Semantics::AtLeastOnce)).len(), 3);
+        assert_eq!(points(&kills(4, Semantics::AtLeastOnce, false)).len(), 3);
+        // With the ack in the transaction a kill after the commit redelivers nothing: a
+        // matrix line's one kill is before it.
+        assert_eq!(
+            kills(2, Semantics::EffectivelyOnce, true),
+            [Point(BeforeCommit), Point(AfterCommit)]
+        );
     }
 
     #[test]
     fn milestones_are_spread_over_the_run_once_each_and_follow_the_seed() {
-        let k = kills(4, Semantics::EffectivelyOnce);
+        let k = kills(4, Semantics::EffectivelyOnce, false);
         let faults = [
             FaultClass::Pause,
             FaultClass::Cut,
