@@ -113,26 +113,12 @@ impl Bus {
         prefetch: u16,
         topology: &Topology,
     ) -> Result<Self> {
-        Self::open_as(url, queue, lease, prefetch, topology, None).await
-    }
-
-    /// [`Bus::open`] under a consumer name of its own in a Redis stream's group (`None`:
-    /// the host name and the process id).
-    pub(crate) async fn open_as(
-        url: &str,
-        queue: &str,
-        lease: Duration,
-        prefetch: u16,
-        topology: &Topology,
-        name: Option<&str>,
-    ) -> Result<Self> {
-        let mut opts = Self::options(queue, lease, prefetch, topology)?;
-        if let Some(name) = name {
-            opts = opts.consumer_name(name);
-        }
-        Ok(Bus {
-            transport: Transport::open_consumer(url, queue, &opts).await?,
-        })
+        Self::open_with(
+            url,
+            queue,
+            &Self::options(queue, lease, prefetch, topology)?,
+        )
+        .await
     }
 
     /// Opens `queue` to consume it with options of the caller's ([`Bus::options`] and more).
@@ -154,9 +140,7 @@ impl Bus {
     ) -> Result<Self> {
         let mut opts = Self::options(queue, lease, prefetch, topology)?;
         opts.positions = Some(store.to_owned());
-        Ok(Bus {
-            transport: Transport::open_consumer(url, queue, &opts).await?,
-        })
+        Self::open_with(url, queue, &opts).await
     }
 
     /// Opens `queue` to publish to it and count it, never consuming: the lab's publisher
@@ -166,23 +150,20 @@ impl Bus {
         queue: &str,
         topology: &Topology,
     ) -> Result<Self> {
-        let opts = Self::options(queue, Duration::from_secs(30), 200, topology)?;
-        Ok(Bus {
-            transport: Transport::open_publisher(url, queue, &opts).await?,
-        })
+        Self::open_publisher_with_positions(url, queue, topology, None).await
     }
 
-    /// [`Bus::open_publisher`] that counts a Kafka consumer's pending records from its
-    /// positions in the store at `store` (where [`Bus::open_with_positions`] keeps them),
+    /// [`Bus::open_publisher`] that, given a store, counts a Kafka consumer's pending
+    /// records from its positions there (where [`Bus::open_with_positions`] keeps them),
     /// not from the group's committed offsets, which are only a hint then.
     pub(crate) async fn open_publisher_with_positions(
         url: &str,
         queue: &str,
         topology: &Topology,
-        store: &str,
+        store: Option<&str>,
     ) -> Result<Self> {
         let mut opts = Self::options(queue, Duration::from_secs(30), 200, topology)?;
-        opts.positions = Some(store.to_owned());
+        opts.positions = store.map(str::to_owned);
         Ok(Bus {
             transport: Transport::open_publisher(url, queue, &opts).await?,
         })

@@ -97,7 +97,7 @@ impl ConsumerContext for Ctx {
 /// positions in a store that cannot be read now, Kafka's committed offsets (never past
 /// the store's: they are committed after it) or the earliest record: read again, never
 /// skipped.
-pub(crate) fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
+fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
     let fallback = match s.start {
         Start::Earliest => Offset::Beginning,
         Start::Latest => Offset::End,
@@ -228,20 +228,24 @@ pub(crate) fn run(
 /// [`Command::Reset`]: each assigned partition read again from its stored position.
 fn reset(consumer: &BaseConsumer<Ctx>, s: &Shared) {
     let parts = lock(&s.state).assigned();
-    let starts = starts(s, &parts);
-    let mut seek = TopicPartitionList::new();
-    {
-        let mut state = lock(&s.state);
-        for p in &parts {
-            let (offset, number) = starts[p];
-            state.assign(*p, number);
-            let _ = seek.add_partition_offset(&s.topic, *p, offset);
-        }
-    }
     if parts.is_empty() {
         return;
     }
-    if let Err(e) = consumer.seek_partitions(seek, s.timeout) {
+    if let Err(e) = consumer.seek_partitions(from_stored(s, &parts), s.timeout) {
         warn!(error = %e, "seeking to the stored positions failed");
     }
+}
+
+/// `parts` taken anew in the state (a new epoch each), and where each starts ([`starts`]):
+/// the list to seek to or to assign. Blocks on the store: off the runtime.
+pub(crate) fn from_stored(s: &Shared, parts: &[i32]) -> TopicPartitionList {
+    let starts = starts(s, parts);
+    let mut tpl = TopicPartitionList::new();
+    let mut state = lock(&s.state);
+    for p in parts {
+        let (offset, number) = starts[p];
+        state.assign(*p, number);
+        let _ = tpl.add_partition_offset(&s.topic, *p, offset);
+    }
+    tpl
 }

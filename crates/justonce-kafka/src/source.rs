@@ -146,21 +146,11 @@ impl KafkaSource {
                 // The stored positions are read off the runtime (the poll thread's
                 // reader blocks on it).
                 let (s, list) = (shared.clone(), parts.clone());
-                let starts = tokio::task::spawn_blocking(move || poll::starts(&s, &list))
+                let tpl = tokio::task::spawn_blocking(move || poll::from_stored(&s, &list))
                     .await
                     .map_err(|e| {
                         Error::with_source(ErrorKind::Resource, "reading the positions", e)
                     })?;
-                let mut tpl = TopicPartitionList::new();
-                {
-                    let mut state = poll::lock(&shared.state);
-                    for p in parts {
-                        let (offset, number) = starts[p];
-                        state.assign(*p, number);
-                        tpl.add_partition_offset(&o.topic, *p, offset)
-                            .map_err(|e| kafka("a partition to read", e))?;
-                    }
-                }
                 consumer
                     .assign(&tpl)
                     .map_err(|e| kafka(format!("assigning partitions of `{}`", o.topic), e))?;

@@ -215,12 +215,13 @@ impl Scenario {
         store.setup(&tables, &[]).await?;
         let positions_in_store =
             self.t_kind == TransportKind::Kafka && self.s_kind != StoreKind::Redis;
-        let sink = if positions_in_store {
-            Bus::open_publisher_with_positions(&transport, &queue, &self.topology, &store_url)
-                .await?
-        } else {
-            Bus::open_publisher(&transport, &queue, &self.topology).await?
-        };
+        let sink = Bus::open_publisher_with_positions(
+            &transport,
+            &queue,
+            &self.topology,
+            positions_in_store.then_some(store_url.as_str()),
+        )
+        .await?;
 
         // The workers' and the publisher's connections go through the fault proxies.
         let (t_proxy, worker_transport) =
