@@ -218,9 +218,9 @@ impl Bus {
         self.transport.inspect().pending().await
     }
 
-    /// Deliveries the transport made, as it counts them (0 where it does not).
-    pub(crate) async fn deliveries(&self) -> Result<u64> {
-        Ok(self.transport.inspect().deliveries().await?.unwrap_or(0))
+    /// Deliveries the transport made, as it counts them; `None` where it does not (Kafka).
+    pub(crate) async fn deliveries(&self) -> Result<Option<u64>> {
+        self.transport.inspect().deliveries().await
     }
 
     /// The dead letters, with their reasons, left where they are.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use justonce_core::{Error, ErrorKind, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::FutureProducer;
 use rdkafka::producer::Producer as _;
@@ -24,7 +24,13 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &opts.brokers)
         .set("socket.timeout.ms", millis(opts.request_timeout))
-        .set("log_level", "3");
+        .set("log_level", "2");
+    // librdkafka writes its log lines to stderr itself (rdkafka 0.36 forwards none), so
+    // every broker disconnect printed `%3|…|FAIL|…` lines between a program's own. What
+    // they say reaches justonce as errors (a publish's, a poll's, a connect's), so only
+    // critical lines are printed unless the user asks for more with `log_level` (the
+    // setting holds from the client's start, the level set after it from then on).
+    let mut level = RDKafkaLogLevel::Critical;
     for (k, v) in &opts.client {
         if GUARDED.contains(&k.as_str()) {
             return Err(Error::config(format!(
@@ -32,8 +38,26 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
                  use KafkaOptions instead"
             )));
         }
+        if k == "log_level" {
+            level = match v.trim().parse::<u8>() {
+                Ok(0) => RDKafkaLogLevel::Emerg,
+                Ok(1) => RDKafkaLogLevel::Alert,
+                Ok(2) => RDKafkaLogLevel::Critical,
+                Ok(3) => RDKafkaLogLevel::Error,
+                Ok(4) => RDKafkaLogLevel::Warning,
+                Ok(5) => RDKafkaLogLevel::Notice,
+                Ok(6) => RDKafkaLogLevel::Info,
+                Ok(7) => RDKafkaLogLevel::Debug,
+                _ => {
+                    return Err(Error::config(format!(
+                        "librdkafka's `log_level` is 0 to 7, not `{v}`"
+                    )))
+                }
+            };
+        }
         c.set(k, v);
     }
+    c.set_log_level(level);
     Ok(c)
 }
 

@@ -72,6 +72,9 @@ pub struct KafkaOptions {
     pub request_timeout: Duration,
     /// librdkafka settings passed as they are (`security.protocol`, `client.id`, …),
     /// after justonce's own; the settings justonce's guarantees rest on are refused.
+    /// librdkafka prints its own log lines on stderr; justonce lets through only critical
+    /// ones (what the others say comes back as errors) unless `log_level` (0 to 7) is set
+    /// here, with `debug` for its debug contexts.
     pub client: Vec<(String, String)>,
 }
 

@@ -1,8 +1,11 @@
 //! The poll thread: it owns the group membership. librdkafka serves rebalances inside
 //! `poll`, and an assignment must seek to positions read from the store before the
 //! first fetch, so the thread blocks on that read (it is not a runtime thread). Records
-//! go to the source through a bounded channel; when it is full the thread pauses its
-//! partitions and goes on polling, so the group does not take it for dead.
+//! go to the source through a bounded channel. When it is full the thread waits for room
+//! and polls now and then, so the group does not take it for dead; the records it polls
+//! meanwhile wait in the thread. Only when as many wait as the channel holds does it pause
+//! its partitions: librdkafka drops what it prefetched for a paused partition and fetches
+//! it again on resume, which costs a fetch per batch if done at every full channel.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -147,6 +150,10 @@ fn starts(s: &Shared, parts: &[i32]) -> HashMap<i32, (Offset, Option<i64>)> {
     out
 }
 
+/// While the source is full, how long the thread waits for room before it polls (to serve
+/// the group: rebalances, the poll interval).
+const FULL_WAIT: Duration = Duration::from_millis(100);
+
 /// Runs until `stop` or until the source's receiver is gone.
 pub(crate) fn run(
     consumer: Arc<BaseConsumer<Ctx>>,
@@ -155,6 +162,9 @@ pub(crate) fn run(
     commands: std_mpsc::Receiver<Command>,
     stop: Arc<AtomicBool>,
 ) {
+    // The records polled while the source was full, at most as many as it holds; past
+    // that the partitions are paused until they are handed over.
+    let most = tx.max_capacity();
     let mut held: VecDeque<Fresh> = VecDeque::new();
     let mut paused = false;
     while !stop.load(Ordering::Relaxed) && !tx.is_closed() {
@@ -186,26 +196,34 @@ pub(crate) fn run(
                 Err(mpsc::error::TrySendError::Closed(_)) => return,
             }
         }
-        let full = !held.is_empty();
-        if full != paused {
-            if let Ok(a) = consumer.assignment() {
-                let r = if full {
-                    consumer.pause(&a)
-                } else {
-                    consumer.resume(&a)
-                };
-                if let Err(e) = r {
-                    debug!(error = %e, "pausing or resuming partitions failed");
-                }
-            }
-            paused = full;
+        if held.is_empty() && paused {
+            pause(&consumer, false);
+            paused = false;
         }
-        // While the source is full its partitions are paused and a poll only serves the
-        // group: come back soon to hand over what waits as room frees up.
-        let wait = if full {
-            Duration::from_millis(2)
-        } else {
+        let wait = if held.is_empty() {
             Duration::from_millis(100)
+        } else {
+            // Full: wait for room (and hand the next record over), then poll once
+            // without waiting.
+            let room = shared
+                .runtime
+                .block_on(async { tokio::time::timeout(FULL_WAIT, tx.reserve()).await });
+            match room {
+                Ok(Ok(permit)) => {
+                    if let Some(f) = held.pop_front() {
+                        permit.send(f);
+                    }
+                    continue;
+                }
+                Ok(Err(_)) => return, // the source is gone
+                Err(_) => {}
+            }
+            if held.len() >= most {
+                // Again each time: a partition assigned since is not paused yet.
+                pause(&consumer, true);
+                paused = true;
+            }
+            Duration::ZERO
         };
         match consumer.poll(wait) {
             None => {}
@@ -223,6 +241,20 @@ pub(crate) fn run(
         }
     }
     debug!(topic = %shared.topic, "the poll thread stops");
+}
+
+/// Pauses (or resumes) the assigned partitions.
+fn pause(consumer: &BaseConsumer<Ctx>, on: bool) {
+    if let Ok(a) = consumer.assignment() {
+        let r = if on {
+            consumer.pause(&a)
+        } else {
+            consumer.resume(&a)
+        };
+        if let Err(e) = r {
+            debug!(error = %e, "pausing or resuming partitions failed");
+        }
+    }
 }
 
 /// [`Command::Reset`]: each assigned partition read again from its stored position.

@@ -116,10 +116,9 @@ impl KafkaSource {
             .set("session.timeout.ms", millis(session))
             .set("heartbeat.interval.ms", millis(session / 4))
             .set("queued.max.messages.kbytes", "16384")
-            // A fetch answers after at most this long even with nothing new: the poll
-            // thread pauses its partitions while the source is full, and a resume fetches
-            // again (librdkafka's 500 ms default made every resume, and every record
-            // published to an idle topic, wait half a second on tansu).
+            // A fetch answers after at most this long even with nothing new: tansu does
+            // not answer a waiting fetch when a record comes, so librdkafka's 500 ms
+            // default made every record published to an idle topic wait half a second.
             .set("fetch.wait.max.ms", "50")
             .set(
                 "fetch.max.bytes",

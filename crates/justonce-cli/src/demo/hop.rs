@@ -24,7 +24,8 @@ use crate::orders::{Bank, ReceiptHandler, Tables};
 pub(crate) struct Receipts {
     /// Orders whose payment was applied: each should have exactly one receipt.
     pub(crate) expected: u64,
-    pub(crate) deliveries: u64,
+    /// `null` where the transport does not count deliveries (Kafka).
+    pub(crate) deliveries: Option<u64>,
     pub(crate) handler_runs: u64,
     /// Receipt rows.
     pub(crate) effects: u64,

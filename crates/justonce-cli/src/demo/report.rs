@@ -29,12 +29,13 @@ pub(crate) struct Report {
 
 /// One semantic's run. Every count is read from the data: `effects`, `lost` and
 /// `duplicate_effects` from the business tables, `deliveries` and `dead_lettered` from
-/// the queue's tables.
+/// the queue's tables (`deliveries` is `null` where the transport does not count them:
+/// Kafka keeps positions, not deliveries).
 #[derive(Debug, Serialize)]
 pub(crate) struct Row {
     pub(crate) semantics: String,
     pub(crate) sent: u64,
-    pub(crate) deliveries: u64,
+    pub(crate) deliveries: Option<u64>,
     pub(crate) handler_runs: u64,
     pub(crate) effects: u64,
     pub(crate) lost: u64,
@@ -99,7 +100,7 @@ impl Report {
                 "{:<w$} {:>7} {:>10} {:>9} {:>8} {:>6} {:>10} {:>13} {:>8.2} {:>8.0}",
                 r.semantics,
                 r.sent,
-                r.deliveries,
+                count(r.deliveries),
                 r.handler_runs,
                 r.effects,
                 r.lost,
@@ -147,7 +148,7 @@ impl Report {
                 "{:<w$} {:>8} {:>10} {:>9} {:>8} {:>6} {:>10} {:>14}",
                 r.semantics,
                 x.expected,
-                x.deliveries,
+                count(x.deliveries),
                 x.handler_runs,
                 x.effects,
                 x.lost,
@@ -292,10 +293,18 @@ impl Report {
             _ => format!(
                 "effectively-once: the dedup record commits with the payment, so a delivery after \
                  a commit finds its key and is acked without a second effect (the handler ran {} \
-                 times for {} deliveries), and one after a rollback finds no key and applies once: \
-                 {tail}",
-                r.handler_runs, r.deliveries
+                 times{}), and one after a rollback finds no key and applies once: {tail}",
+                r.handler_runs,
+                match r.deliveries {
+                    Some(d) => format!(" for {d} deliveries"),
+                    None => format!(" for {} orders", r.sent),
+                }
             ),
         }
     }
+}
+
+/// A count for the table; `-` where the transport keeps none.
+fn count(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
 }
