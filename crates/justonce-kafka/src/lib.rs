@@ -35,7 +35,7 @@ mod publish;
 mod source;
 mod state;
 
-pub use options::{KafkaOptions, Start};
+pub use options::{KafkaOptions, Start, DEFAULT_PARTITIONS};
 pub use publish::KafkaPublisher;
 pub use source::{KafkaSource, OffsetsAck};
 

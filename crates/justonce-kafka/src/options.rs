@@ -97,6 +97,9 @@ impl fmt::Debug for KafkaOptions {
 }
 
 /// librdkafka settings a user may not override: what justonce's guarantees rest on.
+/// Partitions of a topic justonce makes, unless [`KafkaOptions::partitions`] says otherwise.
+pub const DEFAULT_PARTITIONS: i32 = 4;
+
 pub(crate) const GUARDED: &[&str] = &[
     "enable.idempotence",
     "acks",
@@ -117,7 +120,7 @@ impl KafkaOptions {
             dead_topic: format!("{topic}-{group}-dead"),
             topic,
             group,
-            partitions: 4,
+            partitions: DEFAULT_PARTITIONS,
             positions: None,
             start: Start::Earliest,
             assignment: None,

@@ -61,6 +61,33 @@ pub(crate) async fn bare_source<B: Bank>(
     Ok(())
 }
 
+/// A bare loop's next batch from `stream`: the first item awaited, then more until `batch`
+/// came or 5 ms passed. `None` at `stop` or at the stream's end with nothing in hand.
+async fn next_batch<T, E>(
+    stream: &mut (impl futures_lite::Stream<Item = Result<T, E>> + Unpin),
+    batch: usize,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Vec<T>>, E> {
+    let first = tokio::select! {
+        _ = stop.wait_for(|s| *s) => return Ok(None),
+        d = stream.next() => d,
+    };
+    let Some(first) = first else { return Ok(None) };
+    let mut items = vec![first?];
+    let linger = tokio::time::sleep(Duration::from_millis(5));
+    tokio::pin!(linger);
+    while items.len() < batch {
+        tokio::select! {
+            _ = &mut linger => break,
+            d = stream.next() => match d {
+                Some(d) => items.push(d?),
+                None => break,
+            },
+        }
+    }
+    Ok(Some(items))
+}
+
 /// The bare baseline on RabbitMQ: lapin and sqlx directly. One channel per batch loop,
 /// prefetch of two batches, one transaction per batch, then one `basic.ack` with
 /// `multiple` for the batch.
@@ -98,24 +125,7 @@ pub(crate) async fn bare_amqp<B: Bank>(
             (bank.clone(), tables.clone(), clock.clone(), stop.clone());
         let batch = args.batch;
         tasks.push(tokio::spawn(async move {
-            loop {
-                let first = tokio::select! {
-                    _ = stop.wait_for(|s| *s) => break,
-                    d = consumer.next() => d,
-                };
-                let Some(first) = first else { break };
-                let mut ds = vec![first?];
-                let linger = tokio::time::sleep(Duration::from_millis(5));
-                tokio::pin!(linger);
-                while ds.len() < batch {
-                    tokio::select! {
-                        _ = &mut linger => break,
-                        d = consumer.next() => match d {
-                            Some(d) => ds.push(d?),
-                            None => break,
-                        },
-                    }
-                }
+            while let Some(ds) = next_batch(&mut consumer, batch, &mut stop).await? {
                 let ids = pay_batch(&bank, &tables, ds.iter().map(|d| d.data.as_slice())).await?;
                 clock.committed(ids.iter().map(String::as_str));
                 if let Some(last) = ds.last() {
@@ -310,20 +320,8 @@ pub(crate) async fn bare_kafka<B: Bank>(
             (bank.clone(), tables.clone(), clock.clone(), stop.clone());
         let (batch, topic) = (args.batch, opts.topic.clone());
         tasks.push(tokio::spawn(async move {
-            loop {
-                let first = tokio::select! {
-                    _ = stop.wait_for(|s| *s) => break,
-                    m = consumer.recv() => m?.detach(),
-                };
-                let mut ms = vec![first];
-                let linger = tokio::time::sleep(Duration::from_millis(5));
-                tokio::pin!(linger);
-                while ms.len() < batch {
-                    tokio::select! {
-                        _ = &mut linger => break,
-                        m = consumer.recv() => ms.push(m?.detach()),
-                    }
-                }
+            let mut records = consumer.stream().map(|m| m.map(|m| m.detach()));
+            while let Some(ms) = next_batch(&mut records, batch, &mut stop).await? {
                 let ids = pay_batch(
                     &bank,
                     &tables,

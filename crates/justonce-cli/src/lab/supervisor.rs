@@ -68,8 +68,8 @@ pub(crate) struct WorkerSpec {
     pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
-/// Partitions of the lab's topic on Kafka (`KafkaOptions`'s default).
-pub(crate) const KAFKA_PARTITIONS: usize = 4;
+/// Partitions of the lab's topic on Kafka (the transport's default).
+pub(crate) const KAFKA_PARTITIONS: usize = justonce::kafka::DEFAULT_PARTITIONS as usize;
 
 impl WorkerSpec {
     /// Starts a worker in `slot`; with `kill`, it stops at that point of its n-th batch and
