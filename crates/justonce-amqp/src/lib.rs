@@ -24,6 +24,8 @@ mod codec;
 mod connection;
 mod doctor;
 mod error;
+#[cfg(feature = "harness")]
+pub mod harness;
 mod options;
 mod publisher;
 mod source;

@@ -21,6 +21,12 @@ pub(crate) struct PublishArgs {
     queue: String,
     #[command(flatten)]
     plan: PlanArgs,
+    /// Orders published together, confirmed as one batch.
+    #[arg(long, default_value_t = 250)]
+    chunk: usize,
+    /// A pause after each chunk, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pace_ms: u64,
     #[command(flatten)]
     topology: crate::bus::Topology,
 }
@@ -58,7 +64,7 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
         Bus::open_publisher(&args.transport, &args.queue, &args.topology)
     })
     .await?;
-    for chunk in plan.orders.chunks(250) {
+    for chunk in plan.orders.chunks(args.chunk.max(1)) {
         let first: Vec<_> = chunk
             .iter()
             .map(|o| plan.message(o, IdStrategy::MessageId))
@@ -69,6 +75,7 @@ pub(crate) async fn run(args: PublishArgs) -> anyhow::Result<()> {
             .map(|o| plan.message(o, IdStrategy::MessageId))
             .collect();
         retry(give_up, "publish", || sink.publish(&first, &again)).await?;
+        tokio::time::sleep(Duration::from_millis(args.pace_ms)).await;
     }
     Ok(())
 }

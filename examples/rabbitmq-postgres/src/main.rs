@@ -4,10 +4,16 @@
 //!
 //! `cargo run -p rabbitmq-postgres` (RabbitMQ and PostgreSQL on their default local ports,
 //! or `AMQP_URL` and `DATABASE_URL`); stop it with Ctrl-C. The README has a producer.
+//!
+//! `-- --at-least-once` runs it deliberately without its dedup records: a redelivery or a
+//! re-sent order is applied again. It is there for `justonce lab --worker` to catch (the
+//! README shows both runs); never run a consumer this way where effects must happen once.
 
 use justonce::amqp::{AmqpOptions, AmqpSource, ExchangeType};
 use justonce::sql::{PgStore, PgTx};
-use justonce::{Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Result};
+use justonce::{
+    Consumer, ConsumerOptions, Context, Disposition, Handler, Message, Result, Semantics,
+};
 use serde::Deserialize;
 
 /// What the producers publish, as JSON. A message that does not decode (a missing field, a
@@ -84,7 +90,12 @@ async fn main() -> Result<()> {
     let options = AmqpOptions::new("billing").bind("shop", ExchangeType::Topic, "order.*");
     let source = AmqpSource::connect(&amqp, options).await?;
 
-    Consumer::new(ConsumerOptions::new("billing"), source, store, Billing)?
+    let mut consumer = ConsumerOptions::new("billing");
+    if std::env::args().any(|a| a == "--at-least-once") {
+        eprintln!("--at-least-once: no dedup records; duplicates will be applied again");
+        consumer = consumer.semantics(Semantics::AtLeastOnce);
+    }
+    Consumer::new(consumer, source, store, Billing)?
         .run_until(justonce::shutdown_signal()) // Ctrl-C: finish the batch, commit, ack, exit
         .await
 }

@@ -319,3 +319,81 @@ async fn declare_none_only_checks_and_names_what_is_missing() {
     checked.ack(&[&got[0].receipt]).await.unwrap();
     owner.delete_topology().await.unwrap();
 }
+
+/// On a three-node cluster of the test's own (`harness::Cluster`), never the machine's
+/// broker: quorum queues across a change of leader.
+mod cluster {
+    use super::*;
+    use justonce_amqp::harness::Cluster;
+
+    /// A cluster, or `None` (loudly) where `rabbitmq-server` is not installed; with
+    /// JUSTONCE_REQUIRE_SERVICES set, its absence fails the test.
+    async fn cluster() -> Option<Cluster> {
+        if !Cluster::installed() {
+            assert!(
+                std::env::var_os("JUSTONCE_REQUIRE_SERVICES").is_none(),
+                "rabbitmq-server is not installed"
+            );
+            eprintln!("SKIPPED: rabbitmq-server is not installed");
+            return None;
+        }
+        Some(
+            Cluster::start(3)
+                .await
+                .expect("a three-node cluster starts"),
+        )
+    }
+
+    /// The first source article's blind spot: a quorum queue dead-letters at-most-once
+    /// unless told otherwise, so a message over its delivery limit can vanish when the
+    /// leader changes. justonce declares `x-dead-letter-strategy: at-least-once`: the
+    /// poison message, requeued once before the leader is SIGKILLed and again after, lands
+    /// in the dead-letter queue exactly once.
+    #[tokio::test]
+    async fn over_its_delivery_limit_a_message_is_dead_lettered_once_across_a_leader_change() {
+        let Some(mut cluster) = cluster().await else {
+            return;
+        };
+        let o = AmqpOptions::new(unique_name("jo-test-limit"))
+            .retry_delays(Vec::<Duration>::new())
+            .delivery_limit(Some(2));
+        // Declared on node 1, which then leads; the client stays on node 2, which lives.
+        let first = AmqpSource::connect(&cluster.url(0), o.clone())
+            .await
+            .unwrap();
+        drop(first);
+        assert_eq!(cluster.leader(&o.queue).await, Some(0));
+        let q = AmqpSource::connect(&cluster.url(1), o.clone())
+            .await
+            .unwrap();
+        q.publish(&msg("poison-1")).await.unwrap();
+
+        let mut deliveries = 0;
+        let mut failed_over = false;
+        loop {
+            let got = q.receive(1, Duration::from_secs(5)).await.unwrap();
+            let Some(d) = got.first() else { break };
+            assert_eq!(d.message.id().unwrap().as_str(), "poison-1");
+            deliveries += 1;
+            assert!(deliveries <= 5, "the delivery limit never took it out");
+            // No retry tiers: the nack requeues at once and counts against the limit.
+            q.nack(&d.receipt, Duration::ZERO).await.unwrap();
+            if !failed_over {
+                cluster.kill(0).await;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !matches!(cluster.leader(&o.queue).await, Some(l) if l != 0) {
+                    assert!(Instant::now() < deadline, "no new leader within 30 s");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                failed_over = true;
+            }
+        }
+        assert!(failed_over && deliveries >= 2, "{deliveries} deliveries");
+        let letters = q.drain_dead_letters().await.unwrap();
+        let ids: Vec<&str> = letters
+            .iter()
+            .map(|m| m.id().map_or("(none)", |id| id.as_str()))
+            .collect();
+        assert_eq!(ids, ["poison-1"], "dead-lettered once, by the broker");
+    }
+}

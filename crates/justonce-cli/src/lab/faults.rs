@@ -94,6 +94,19 @@ impl FaultClass {
                 counts.cuts += 1;
                 format!("blackhole {:.1}s", span.as_secs_f64())
             }
+            FaultClass::Failover => match own_broker {
+                Some(OwnBroker::Cluster(c)) => match c.failover().await {
+                    Ok(label) => {
+                        counts.failovers += 1;
+                        label
+                    }
+                    Err(e) => {
+                        eprintln!("lab: the failover did not happen: {e:#}");
+                        "failover (failed)".into()
+                    }
+                },
+                _ => "failover (no cluster)".into(),
+            },
             FaultClass::BrokerRestart => {
                 if let Some(server) = own_broker {
                     server.kill().await;
@@ -276,6 +289,61 @@ pub(crate) enum OwnBroker {
     Nats(justonce_nats::harness::OwnServer),
     /// A tansu (Kafka) broker with SQLite storage.
     Kafka(justonce_kafka::harness::OwnBroker),
+    /// A three-node RabbitMQ cluster, behind a proxy that picks a live node.
+    Cluster(Box<OwnCluster>),
+}
+
+/// The failover class's RabbitMQ cluster: three nodes of the installed `rabbitmq-server`,
+/// the lab's own, and the proxy every process of the lab reaches them through.
+pub(crate) struct OwnCluster {
+    cluster: justonce_amqp::harness::Cluster,
+    front: FaultProxy,
+    /// The work queue, whose leader each failover moves.
+    queue: String,
+    turn: u32,
+}
+
+impl OwnCluster {
+    /// Takes the work queue's leader down, in turn by SIGKILL, by a graceful stop and by
+    /// stopping its app; waits until another node leads (30 s at most); starts it again.
+    async fn failover(&mut self) -> anyhow::Result<String> {
+        let c = &mut self.cluster;
+        let before = c
+            .leader(&self.queue)
+            .await
+            .with_context(|| format!("queue {} has no leader to fail over", self.queue))?;
+        let how = self.turn % 3;
+        self.turn += 1;
+        match how {
+            0 => c.kill(before).await,
+            1 => c.stop(before).await?,
+            _ => c.stop_app(before).await?,
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let after = loop {
+            match c.leader(&self.queue).await {
+                Some(l) if l != before => break l,
+                _ if std::time::Instant::now() > deadline => {
+                    anyhow::bail!(
+                        "no other node leads {} 30 s after node {} went down",
+                        self.queue,
+                        before + 1
+                    )
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        };
+        match how {
+            2 => c.start_app(before).await?,
+            _ => c.start_node(before).await?,
+        }
+        let what = ["SIGKILL", "stop", "stop_app"][how as usize];
+        Ok(format!(
+            "failover: {what} node {}, node {} leads",
+            before + 1,
+            after + 1
+        ))
+    }
 }
 
 impl OwnBroker {
@@ -302,12 +370,29 @@ impl OwnBroker {
         })
     }
 
+    /// The lab's own RabbitMQ cluster of three nodes, its work queue `queue`.
+    pub(crate) async fn cluster(queue: &str) -> anyhow::Result<Self> {
+        let cluster = justonce_amqp::harness::Cluster::start(3)
+            .await
+            .context("cannot start the lab's RabbitMQ cluster (is rabbitmq-server installed?)")?;
+        let front =
+            FaultProxy::start_many((0..cluster.len()).map(|i| cluster.addr(i)).collect()).await?;
+        Ok(OwnBroker::Cluster(Box::new(OwnCluster {
+            cluster,
+            front,
+            queue: queue.to_owned(),
+            turn: 0,
+        })))
+    }
+
     /// Its URL.
     pub(crate) fn url(&self) -> String {
         match self {
             OwnBroker::Redis(s) => s.url(),
             OwnBroker::Nats(s) => s.url(),
             OwnBroker::Kafka(s) => s.url(),
+            OwnBroker::Cluster(c) => through(&c.cluster.url(0), c.front.addr())
+                .map_or_else(|| c.cluster.url(0), |(url, _)| url),
         }
     }
 
@@ -317,6 +402,7 @@ impl OwnBroker {
             OwnBroker::Redis(_) => "redis-server",
             OwnBroker::Nats(_) => "nats-server",
             OwnBroker::Kafka(_) => "tansu",
+            OwnBroker::Cluster(_) => "RabbitMQ cluster",
         }
     }
 
@@ -325,6 +411,11 @@ impl OwnBroker {
             OwnBroker::Redis(s) => s.kill().await,
             OwnBroker::Nats(s) => s.kill().await,
             OwnBroker::Kafka(s) => s.kill().await,
+            OwnBroker::Cluster(c) => {
+                for i in 0..c.cluster.len() {
+                    c.cluster.kill(i).await;
+                }
+            }
         }
     }
 
@@ -333,6 +424,8 @@ impl OwnBroker {
             OwnBroker::Redis(s) => s.restart().await,
             OwnBroker::Nats(s) => s.restart().await,
             OwnBroker::Kafka(s) => s.restart().await,
+            // The nodes wait for each other's tables at boot: start them side by side.
+            OwnBroker::Cluster(c) => c.cluster.start_all().await,
         }
     }
 }

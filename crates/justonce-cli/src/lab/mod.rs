@@ -20,6 +20,7 @@ mod schedule;
 mod scrape;
 mod supervisor;
 mod upstream;
+mod user;
 
 use std::path::PathBuf;
 
@@ -60,10 +61,16 @@ pub(crate) enum FaultClass {
     /// producer killed right after a commit, the broker (RabbitMQ, the lab's own Redis,
     /// NATS or tansu, or PostgreSQL as the transport) restarted while the relays publish.
     Relay,
+    /// RabbitMQ only: the lab starts a three-node cluster of its own (quorum queues on every
+    /// node, the processes connected through a proxy that picks a live node), and the node
+    /// leading the work queue is SIGKILLed, stopped gracefully, or has its app stopped, in
+    /// turn, until another node leads, then started again: three leader changes a run. Run
+    /// when named (and in the matrix): the cluster takes about 30 s to start.
+    Failover,
 }
 
 impl FaultClass {
-    pub(crate) const ALL: [FaultClass; 9] = [
+    pub(crate) const ALL: [FaultClass; 10] = [
         FaultClass::Kill,
         FaultClass::Pause,
         FaultClass::Cut,
@@ -73,6 +80,7 @@ impl FaultClass {
         FaultClass::DbRestart,
         FaultClass::Schema,
         FaultClass::Relay,
+        FaultClass::Failover,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -86,7 +94,25 @@ impl FaultClass {
             FaultClass::DbRestart => "db-restart",
             FaultClass::Schema => "schema",
             FaultClass::Relay => "relay",
+            FaultClass::Failover => "failover",
         }
+    }
+
+    /// [`FaultClass::applies`], as the error a run refuses with.
+    pub(crate) fn must_apply(
+        self,
+        transport: TransportKind,
+        store: StoreKind,
+    ) -> anyhow::Result<()> {
+        if !self.applies(transport, store) {
+            bail!(
+                "the {} fault does not apply to transport {} with store {}",
+                self.as_str(),
+                transport.as_str(),
+                store.as_str()
+            );
+        }
+        Ok(())
     }
 
     /// Whether the class can hit a pipeline on `transport` and `store`.
@@ -109,6 +135,7 @@ impl FaultClass {
                 transport == TransportKind::Postgres || store == StoreKind::Postgres
             }
             FaultClass::Schema => matches!(store, StoreKind::Postgres | StoreKind::MySql),
+            FaultClass::Failover => transport == TransportKind::Amqp,
         }
     }
 }
@@ -135,7 +162,8 @@ pub(crate) struct LabArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Fault classes to inject, comma-separated (default: every one that applies but
-    /// `relay`, which swaps the publisher for a producer outbox and runs when named).
+    /// `relay`, which swaps the publisher for a producer outbox, and `failover`, which
+    /// starts a RabbitMQ cluster of the lab's own; they run when named).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultClass>,
     /// Workers SIGKILLed at fault points, at least.
@@ -172,8 +200,41 @@ pub(crate) struct LabArgs {
     /// `justonce dlq` and `justonce dedup`.
     #[arg(long)]
     keep: bool,
+    /// Run the lab on your own consumer: this shell command is started as each worker, with
+    /// JUSTONCE_TRANSPORT_URL, JUSTONCE_STORE_URL (both through the lab's fault proxies) and
+    /// JUSTONCE_WORKER in its environment, killed, paused and cut like the lab's own; the
+    /// verdict comes from --effects-sql. Needs --transport, --store and --queue.
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["matrix", "plot", "metrics_addr", "keep"])]
+    worker: Option<String>,
+    /// With --worker: the queue (topic, stream) the lab publishes the orders to; on RabbitMQ
+    /// the exchange and routing key come from --exchange and --routing-key.
+    #[arg(long, value_name = "NAME", requires = "worker")]
+    queue: Option<String>,
+    /// With --worker: the payload of each order, with {{id}} (also its message id), {{n}},
+    /// {{account}} (1-100) and {{amount}} (1-9) replaced. Default:
+    /// {"order_id":"{{id}}","account":{{account}},"amount_cents":{{amount}}}.
+    #[arg(long, value_name = "FILE", requires = "worker")]
+    publish_template: Option<PathBuf>,
+    /// With --worker: a query on the store returning (order id, count of its effects), one
+    /// row per order or per effect, e.g. 'SELECT order_id, count(*) FROM ledger GROUP BY
+    /// order_id'. Every order must count exactly 1.
+    #[arg(long, value_name = "SQL", requires = "worker")]
+    effects_sql: Option<String>,
+    /// With --worker: orders published per second (the faults land while they flow).
+    #[arg(long, default_value_t = 500, requires = "worker")]
+    rate: u64,
+    /// With --worker: a fault every this many milliseconds while orders are published (and
+    /// until --kills workers were killed), the classes taken in turn.
+    #[arg(long, default_value_t = 1500, requires = "worker")]
+    fault_every_ms: u64,
     #[command(flatten)]
     topology: crate::bus::Topology,
+}
+
+impl LabArgs {
+    fn lease(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.lease_ms)
+    }
 }
 
 /// What one scenario found, as `--json` prints it.
@@ -240,6 +301,9 @@ pub(crate) struct FaultCounts {
     /// after a commit.
     pub(crate) relay_kills: u64,
     pub(crate) producer_kills: u64,
+    /// The failover class: times the work queue's leader changed (its node killed, stopped
+    /// or its app stopped, and another node leading after).
+    pub(crate) failovers: u64,
 }
 
 /// The URL of a local service, if it answers.
@@ -259,6 +323,18 @@ fn local(service: LocalService) -> Option<String> {
 pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     if args.messages == 0 || args.workers == 0 {
         bail!("--messages and --workers must each be at least 1");
+    }
+    if let Some(command) = &args.worker {
+        let report = user::UserLab::new(&args, command)?.run(!args.json).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", user::table(&report));
+        }
+        if report.verdict != "pass" {
+            std::process::exit(2);
+        }
+        return Ok(());
     }
     let exe = std::env::current_exe()?;
     if !args.matrix {
@@ -397,7 +473,7 @@ fn matrix(
 /// One line of the matrix.
 fn line(r: &LabReport) -> String {
     format!(
-        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} relay {}+{} | deliveries {:>6} redelivered {:>5} broker-dup {:>4} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
+        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} relay {}+{} failovers {} | deliveries {:>6} redelivered {:>5} broker-dup {:>4} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
         r.verdict.to_uppercase(),
         r.scenario,
         r.transport,
@@ -411,6 +487,7 @@ fn line(r: &LabReport) -> String {
         r.faults.schema_breaks,
         r.faults.relay_kills,
         r.faults.producer_kills,
+        r.faults.failovers,
         r.deliveries,
         r.redeliveries,
         r.broker_duplicates,
@@ -437,9 +514,9 @@ fn table(reports: &[LabReport]) -> String {
         );
         let _ = writeln!(
             out,
-            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes, {} relays and {} producers killed; the broker delivered {} duplicates\n",
+            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes, {} relays and {} producers killed, {} leader failovers; the broker delivered {} duplicates\n",
             f.kills, f.pauses, f.cuts, f.broker_restarts, f.db_restarts, f.duplicate_publishes,
-            f.relay_kills, f.producer_kills, r.broker_duplicates
+            f.relay_kills, f.producer_kills, f.failovers, r.broker_duplicates
         );
         let _ = writeln!(
             out,

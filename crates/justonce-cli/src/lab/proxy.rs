@@ -22,7 +22,7 @@ struct Switches {
     blackhole: AtomicBool,
 }
 
-/// A listening proxy to one upstream address. Dropping it stops accepting; open connections
+/// A listening proxy to one upstream address (or the first live one of several). Dropping it stops accepting; open connections
 /// end with their peers.
 #[derive(Debug)]
 pub(crate) struct FaultProxy {
@@ -42,11 +42,23 @@ impl Drop for FaultProxy {
 impl FaultProxy {
     /// Listens on an ephemeral loopback port and forwards to `upstream`.
     pub(crate) async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        Self::start_many(vec![upstream]).await
+    }
+
+    /// As [`FaultProxy::start`], to the first of `upstreams` that accepts, starting at the
+    /// next one for each new connection: a load balancer in front of a cluster, whose
+    /// clients reconnect to a live node when theirs goes down.
+    pub(crate) async fn start_many(upstreams: Vec<SocketAddr>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let switches = Arc::new(Switches::default());
         let (cut_tx, cut_rx) = watch::channel(0u64);
-        let accept = tokio::spawn(accept_loop(listener, upstream, switches.clone(), cut_rx));
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            Arc::new(upstreams),
+            switches.clone(),
+            cut_rx,
+        ));
         Ok(FaultProxy {
             addr,
             switches,
@@ -81,10 +93,11 @@ impl FaultProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
+    upstreams: Arc<Vec<SocketAddr>>,
     switches: Arc<Switches>,
     cut_rx: watch::Receiver<u64>,
 ) {
+    let mut next = 0usize;
     loop {
         let Ok((client, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -92,11 +105,22 @@ async fn accept_loop(
         };
         let switches = switches.clone();
         let cut_rx = cut_rx.clone();
+        let upstreams = upstreams.clone();
+        let first = next;
+        next = next.wrapping_add(1);
         tokio::spawn(async move {
             while switches.blackhole.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let Ok(server) = TcpStream::connect(upstream).await else {
+            let mut server = None;
+            for k in 0..upstreams.len() {
+                let upstream = upstreams[(first + k) % upstreams.len()];
+                if let Ok(s) = TcpStream::connect(upstream).await {
+                    server = Some(s);
+                    break;
+                }
+            }
+            let Some(server) = server else {
                 return; // the client sees the connection close, as with a refused upstream
             };
             let _ = client.set_nodelay(true);

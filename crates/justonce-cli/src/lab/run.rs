@@ -27,6 +27,8 @@ use justonce::backend::{StoreKind, TransportKind};
 
 /// The consumers' payload limit (the plan's oversized poison is one byte over).
 const MAX_PAYLOAD: usize = 16 * 1024;
+/// Leader changes in a run of the failover class.
+pub(crate) const FAILOVERS: usize = 3;
 /// How long nothing may move before the pipeline counts as drained.
 const QUIET: Duration = Duration::from_secs(5);
 
@@ -71,25 +73,22 @@ impl Scenario {
             );
         }
         for f in &faults {
-            if !f.applies(t_kind, s_kind) {
-                bail!(
-                    "the {} fault does not apply to transport {} with store {}",
-                    f.as_str(),
-                    t_kind.as_str(),
-                    s_kind.as_str()
-                );
-            }
+            f.must_apply(t_kind, s_kind)?;
         }
         let name = match faults.as_slice() {
             [one] => one.as_str().to_owned(),
             _ => "mixed".to_owned(),
         };
-        // `relay` swaps the publisher for a producer outbox and its relays: a pipeline of
-        // its own, run when named (and in the matrix), not mixed into the default run.
+        // `relay` swaps the publisher for a producer outbox and its relays, `failover` the
+        // broker for a cluster of the lab's own: run when named (and in the matrix), not
+        // mixed into the default run.
         let faults = if faults.is_empty() {
             FaultClass::ALL
                 .into_iter()
-                .filter(|f| f.applies(t_kind, s_kind) && *f != FaultClass::Relay)
+                .filter(|f| {
+                    f.applies(t_kind, s_kind)
+                        && !matches!(f, FaultClass::Relay | FaultClass::Failover)
+                })
                 .collect()
         } else {
             faults
@@ -168,6 +167,10 @@ impl Scenario {
                 out.push(f);
             }
         }
+        // Three leader changes a run: a SIGKILL, a graceful stop, an app stopped.
+        if out.contains(&FaultClass::Failover) {
+            out.extend([FaultClass::Failover; FAILOVERS - 1]);
+        }
         out
     }
 
@@ -195,7 +198,11 @@ impl Scenario {
         let in_tmp = |f: &str| format!("sqlite:{}", tmp.path().join(f).display());
         // A Redis, NATS or Kafka server the lab restarts is one it started itself (a Redis
         // durable as the guide says it must be); the server at the URL given is left alone.
-        let mut own_broker = if self.milestone_faults().contains(&FaultClass::BrokerRestart) {
+        let run_id = format!("{:08x}", fastrand::u32(..));
+        let queue = format!("justonce-lab-{run_id}");
+        let mut own_broker = if self.faults.contains(&FaultClass::Failover) {
+            Some(OwnBroker::cluster(&queue).await?)
+        } else if self.milestone_faults().contains(&FaultClass::BrokerRestart) {
             OwnBroker::start(self.t_kind).await?
         } else {
             None
@@ -205,8 +212,6 @@ impl Scenario {
             None => self.transport.clone().unwrap_or_else(|| in_tmp("queue.db")),
         };
         let store_url = self.store.clone().unwrap_or_else(|| in_tmp("store.db"));
-        let run_id = format!("{:08x}", fastrand::u32(..));
-        let queue = format!("justonce-lab-{run_id}");
         let tables = Tables::new(&format!("jo_lab_{run_id}"))?;
         let plan = Plan::new(self.messages, self.seed, MAX_PAYLOAD);
 
@@ -280,6 +285,14 @@ impl Scenario {
             messages: self.messages,
             seed: self.seed,
             topology: self.topology.to_args(),
+            // A failover takes seconds: with the orders spread over about 10 s a failover,
+            // 25 at a time, each of them lands while orders arrive and are handled.
+            pace: if self.faults.contains(&FaultClass::Failover) {
+                let chunks = self.messages.div_ceil(25).max(1) as u32;
+                (25, Duration::from_secs(10 * FAILOVERS as u64) / chunks)
+            } else {
+                (250, Duration::ZERO)
+            },
         };
         // The relay class's outbox, as the checker reads it.
         let outbox = if self.faults.contains(&FaultClass::Relay) {
@@ -406,6 +419,15 @@ impl Scenario {
                             &mut counts,
                         )
                         .await;
+                    let label = match event {
+                        FaultClass::Failover => {
+                            format!(
+                                "{label}, {deliveries} of {} orders delivered",
+                                self.messages
+                            )
+                        }
+                        _ => label,
+                    };
                     samples.mark(started.elapsed(), label);
                     last_fault = Instant::now();
                 }
@@ -507,6 +529,13 @@ impl Scenario {
                 dead_letters: letters.len() as u64,
             }),
         });
+        let mut why = why;
+        if self.faults.contains(&FaultClass::Failover) && counts.failovers < FAILOVERS as u64 {
+            why.push(format!(
+                "{} leader failovers of the {FAILOVERS} planned",
+                counts.failovers
+            ));
+        }
         if backlog > 0 {
             let tails = tails(&workers);
             eprintln!("lab: the last workers said:\n{}", tails.join("\n"));

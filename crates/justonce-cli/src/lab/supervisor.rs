@@ -289,11 +289,18 @@ impl Worker {
     }
 }
 
-/// Sends a signal with kill(1) (the workspace forbids `unsafe`, so no libc::kill).
+/// Sends a signal to `pid`.
 pub(crate) fn signal(pid: u32, name: &str) {
+    send_signal(&pid.to_string(), name);
+}
+
+/// Sends a signal with kill(1) (the workspace forbids `unsafe`, so no libc::kill) to
+/// `target`: a pid, or `-PGID` for a process group.
+pub(crate) fn send_signal(target: &str, name: &str) {
     let _ = std::process::Command::new("kill")
         .arg(format!("-{name}"))
-        .arg(pid.to_string())
+        .arg("--")
+        .arg(target)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();

@@ -37,6 +37,9 @@ pub(crate) struct UpstreamSpec<'a> {
     pub(crate) messages: u64,
     pub(crate) seed: u64,
     pub(crate) topology: Vec<String>,
+    /// The publisher's chunks of orders, and its pause after each: spread over the run, so
+    /// that faults that take seconds each (a failover) land while orders still arrive.
+    pub(crate) pace: (usize, Duration),
 }
 
 /// The running upstream of a scenario.
@@ -52,6 +55,8 @@ impl Upstream {
             .args(["publish", "--transport", s.transport, "--queue", s.queue])
             .args(["--messages", &s.messages.to_string()])
             .args(["--seed", &s.seed.to_string()])
+            .args(["--chunk", &s.pace.0.to_string()])
+            .args(["--pace-ms", &s.pace.1.as_millis().to_string()])
             .args(&s.topology)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
