@@ -14,6 +14,60 @@ use super::proxy::{through, FaultProxy};
 use super::supervisor::{signal, Worker};
 use super::{FaultClass, FaultCounts};
 
+/// The fault proxies of a scenario: in front of the broker and in front of the database
+/// (none where the backend has no server: SQLite).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Proxies {
+    pub(crate) transport: Option<Arc<FaultProxy>>,
+    pub(crate) store: Option<Arc<FaultProxy>>,
+}
+
+impl Proxies {
+    fn all(&self) -> Vec<Arc<FaultProxy>> {
+        [&self.transport, &self.store]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// Begins the next partition of the three kinds (those that apply, in turn) for
+    /// `span`, ended in a task counted in `busy`; returns its label.
+    fn partition(&self, busy: &Arc<AtomicUsize>, span: Duration, turn: u64) -> Option<String> {
+        let mut kinds: Vec<(&str, &Arc<FaultProxy>, bool)> = Vec::new();
+        if let Some(t) = &self.transport {
+            kinds.push(("from the broker", t, false));
+        }
+        if let Some(s) = &self.store {
+            kinds.push(("from the database", s, false));
+        }
+        if let Some(t) = &self.transport {
+            kinds.push(("asymmetric, the workers' bytes to the broker lost", t, true));
+        }
+        let (what, proxy, asymmetric) = *kinds.get(turn as usize % kinds.len().max(1))?;
+        let proxy = proxy.clone();
+        if asymmetric {
+            proxy.set_mute_up(true);
+        } else {
+            proxy.set_blackhole(true);
+        }
+        busy.fetch_add(1, Ordering::SeqCst);
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(span).await;
+            if asymmetric {
+                // What the workers sent meanwhile never arrives: the connection goes.
+                proxy.cut_all();
+                proxy.set_mute_up(false);
+            } else {
+                proxy.set_blackhole(false);
+            }
+            busy.fetch_sub(1, Ordering::SeqCst);
+        });
+        Some(format!("partition {what} {:.1}s", span.as_secs_f64()))
+    }
+}
+
 /// A proxy in front of `url`'s server, and the URL through it; none when the backend has
 /// no server (SQLite).
 pub(crate) async fn proxied(
@@ -41,7 +95,7 @@ impl FaultClass {
     pub(crate) async fn fire(
         self,
         workers: &mut [Worker],
-        proxies: &[Arc<FaultProxy>],
+        proxies: &Proxies,
         schema: &SchemaFault,
         busy: &Arc<AtomicUsize>,
         lease: Duration,
@@ -72,14 +126,14 @@ impl FaultClass {
                 format!("pause {:.1}s", span.as_secs_f64())
             }
             FaultClass::Cut => {
-                for p in proxies {
+                for p in proxies.all() {
                     p.cut_all();
                 }
                 counts.cuts += 1;
                 "cut".into()
             }
             FaultClass::Delay => {
-                timed(proxies, busy, Duration::from_secs(3), |p, on| {
+                timed(&proxies.all(), busy, Duration::from_secs(3), |p, on| {
                     p.set_delay(if on {
                         Duration::from_millis(100)
                     } else {
@@ -90,9 +144,19 @@ impl FaultClass {
             }
             FaultClass::Blackhole => {
                 let span = (lease * 3).max(Duration::from_secs(3));
-                timed(proxies, busy, span, |p, on| p.set_blackhole(on));
+                timed(&proxies.all(), busy, span, |p, on| p.set_blackhole(on));
                 counts.cuts += 1;
                 format!("blackhole {:.1}s", span.as_secs_f64())
+            }
+            FaultClass::Partition => {
+                let span = (lease * 3).max(Duration::from_secs(3));
+                match proxies.partition(busy, span, counts.partitions) {
+                    Some(label) => {
+                        counts.partitions += 1;
+                        label
+                    }
+                    None => "partition (nothing networked)".into(),
+                }
             }
             FaultClass::Failover => match own_broker {
                 Some(OwnBroker::Cluster(c)) => match c.failover().await {

@@ -46,6 +46,12 @@ pub(crate) enum FaultClass {
     Delay,
     /// The TCP proxy forwards nothing for three leases, refusing nothing either.
     Blackhole,
+    /// Three network partitions of three leases each (at least 3 s), one of each kind where
+    /// it applies: the workers cut off from the broker only, holding unacked deliveries;
+    /// from the database only, with transactions open; and an asymmetric one, in which what
+    /// the broker sends arrives and what the workers send (acks, heartbeats) is held, then
+    /// lost when the connection is cut at its end.
+    Partition,
     /// RabbitMQ `stop_app`, 2 s, `start_app`; on Redis, NATS and Kafka, a SIGKILL of the
     /// lab's own server (a `redis-server` with `appendonly yes`, `appendfsync always`, a
     /// `nats-server`, a tansu; never the machine's), 2 s, and a start on the same port and
@@ -70,12 +76,13 @@ pub(crate) enum FaultClass {
 }
 
 impl FaultClass {
-    pub(crate) const ALL: [FaultClass; 10] = [
+    pub(crate) const ALL: [FaultClass; 11] = [
         FaultClass::Kill,
         FaultClass::Pause,
         FaultClass::Cut,
         FaultClass::Delay,
         FaultClass::Blackhole,
+        FaultClass::Partition,
         FaultClass::BrokerRestart,
         FaultClass::DbRestart,
         FaultClass::Schema,
@@ -90,6 +97,7 @@ impl FaultClass {
             FaultClass::Cut => "cut",
             FaultClass::Delay => "delay",
             FaultClass::Blackhole => "blackhole",
+            FaultClass::Partition => "partition",
             FaultClass::BrokerRestart => "broker-restart",
             FaultClass::DbRestart => "db-restart",
             FaultClass::Schema => "schema",
@@ -123,7 +131,9 @@ impl FaultClass {
             FaultClass::Kill | FaultClass::Pause => true,
             // The producer's outbox lives in a SQL store.
             FaultClass::Relay => sql_store,
-            FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole => networked,
+            FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole | FaultClass::Partition => {
+                networked
+            }
             FaultClass::BrokerRestart => matches!(
                 transport,
                 TransportKind::Amqp
@@ -200,6 +210,15 @@ pub(crate) struct LabArgs {
     /// `justonce dlq` and `justonce dedup`.
     #[arg(long)]
     keep: bool,
+    /// Soak mode: a fault every this many seconds for the whole run (the classes of the mix
+    /// in turn), instead of each once; worker 0 is never killed or paused, and its RSS is
+    /// sampled every 5 s (`rss` in the report). Needs at least 2 workers.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["matrix", "worker"])]
+    fault_every_secs: Option<u64>,
+    /// Spread the orders over this long (e.g. 90s, 30m, 2h): the publisher paces itself, so
+    /// the run lasts about as long, with --fault-every-secs faults throughout.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with_all = ["matrix", "worker"])]
+    duration: Option<std::time::Duration>,
     /// Run the lab on your own consumer: this shell command is started as each worker, with
     /// JUSTONCE_TRANSPORT_URL, JUSTONCE_STORE_URL (both through the lab's fault proxies) and
     /// JUSTONCE_WORKER in its environment, killed, paused and cut like the lab's own; the
@@ -229,6 +248,48 @@ pub(crate) struct LabArgs {
     fault_every_ms: u64,
     #[command(flatten)]
     topology: crate::bus::Topology,
+}
+
+/// `90`, `90s`, `30m` or `2h`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let (n, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 90s, 30m or 2h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("`{text}`: the unit is s, m or h")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
+}
+
+impl Rss {
+    /// Adds a sample.
+    pub(crate) fn push(&mut self, kib: u64, seconds: f64) {
+        if self.all.is_empty() {
+            self.first_kib = kib;
+        }
+        self.all.push(kib);
+        self.samples = self.all.len() as u64;
+        self.last_kib = kib;
+        self.max_kib = self.max_kib.max(kib);
+        let (a, b) = self.all.split_at(self.all.len() / 2);
+        self.first_half_max_kib = a.iter().copied().max().unwrap_or(0);
+        self.second_half_max_kib = b.iter().copied().max().unwrap_or(0);
+        self.seconds = seconds;
+    }
+
+    /// Whether the second half of the run rose above the first: by a quarter again and
+    /// more than 16 MiB (allocators keep what a burst took; a leak keeps growing).
+    pub(crate) fn grew(&self) -> bool {
+        let (a, b) = (self.first_half_max_kib, self.second_half_max_kib);
+        self.samples >= 4 && b > a + a / 4 && b - a > 16 * 1024
+    }
 }
 
 impl LabArgs {
@@ -269,11 +330,33 @@ pub(crate) struct LabReport {
     /// With `--metrics-addr`: what the workers' metrics said.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) metrics: Option<scrape::Scraped>,
+    /// Soak mode (`--fault-every-secs`): the RSS of worker 0, never killed or paused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rss: Option<Rss>,
     /// With `--keep`: where the run's data was left.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) kept: Option<Kept>,
     pub(crate) verdict: &'static str,
     pub(crate) why: String,
+}
+
+/// The resident memory of a soak's witness worker (worker 0), in KiB: the first sample
+/// once a fifth of the orders were delivered, the last one, the largest, and the largest of
+/// each half of the samples (a leak shows as a second half above the first).
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Rss {
+    pub(crate) first_kib: u64,
+    pub(crate) last_kib: u64,
+    pub(crate) max_kib: u64,
+    pub(crate) first_half_max_kib: u64,
+    pub(crate) second_half_max_kib: u64,
+    pub(crate) samples: u64,
+    #[serde(skip)]
+    pub(crate) all: Vec<u64>,
+    /// How long the witness ran, in seconds.
+    pub(crate) seconds: f64,
+    /// Times the witness exited on its own and was started again (its RSS with it).
+    pub(crate) restarts: u64,
 }
 
 /// Where a run kept its data (`--keep`).
@@ -304,6 +387,9 @@ pub(crate) struct FaultCounts {
     /// The failover class: times the work queue's leader changed (its node killed, stopped
     /// or its app stopped, and another node leading after).
     pub(crate) failovers: u64,
+    /// The partition class: partitions begun (from the broker, from the database,
+    /// asymmetric).
+    pub(crate) partitions: u64,
 }
 
 /// The URL of a local service, if it answers.
@@ -473,7 +559,7 @@ fn matrix(
 /// One line of the matrix.
 fn line(r: &LabReport) -> String {
     format!(
-        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} relay {}+{} failovers {} | deliveries {:>6} redelivered {:>5} broker-dup {:>4} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
+        "{:<5} {:<15} {:<9} {:<8} {:<17} kills {} pauses {} cuts {} restarts {}+{} schema {} relay {}+{} failovers {} partitions {} | deliveries {:>6} redelivered {:>5} broker-dup {:>4} effects {:>6} lost {:>4} dup {:>4} dead {:>3} | drain {:>5.1}s {}{}",
         r.verdict.to_uppercase(),
         r.scenario,
         r.transport,
@@ -488,6 +574,7 @@ fn line(r: &LabReport) -> String {
         r.faults.relay_kills,
         r.faults.producer_kills,
         r.faults.failovers,
+        r.faults.partitions,
         r.deliveries,
         r.redeliveries,
         r.broker_duplicates,
@@ -514,9 +601,9 @@ fn table(reports: &[LabReport]) -> String {
         );
         let _ = writeln!(
             out,
-            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes, {} relays and {} producers killed, {} leader failovers; the broker delivered {} duplicates\n",
+            "faults done: {} kills, {} pauses, {} cuts, {} broker restarts, {} database restarts, {} duplicate publishes, {} relays and {} producers killed, {} leader failovers, {} partitions; the broker delivered {} duplicates\n",
             f.kills, f.pauses, f.cuts, f.broker_restarts, f.db_restarts, f.duplicate_publishes,
-            f.relay_kills, f.producer_kills, f.failovers, r.broker_duplicates
+            f.relay_kills, f.producer_kills, f.failovers, f.partitions, r.broker_duplicates
         );
         let _ = writeln!(
             out,
@@ -587,6 +674,31 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn memory_is_flat_unless_the_second_half_rises_above_the_first() {
+        let mut burst = Rss::default();
+        for kib in [27_000, 37_000, 30_000, 29_000, 31_000, 49_000] {
+            burst.push(kib, 0.0);
+        }
+        assert!(!burst.grew(), "{burst:?}");
+        let mut leak = Rss::default();
+        for i in 0..20u64 {
+            leak.push(30_000 + i * 3_000, 0.0);
+        }
+        assert!(leak.grew(), "{leak:?}");
+    }
+
+    #[test]
+    fn durations_take_seconds_minutes_and_hours() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("2d").is_err());
+        assert!(parse_duration("m").is_err());
     }
 
     /// The sample: every class that applies on each transport with the PostgreSQL store,

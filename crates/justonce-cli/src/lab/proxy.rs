@@ -20,6 +20,9 @@ struct Switches {
     delay_ms: AtomicU64,
     /// While set, nothing is forwarded and new connections hang: a network black hole.
     blackhole: AtomicBool,
+    /// While set, what the clients send is held (what the server sends still arrives): an
+    /// asymmetric partition.
+    mute_up: AtomicBool,
 }
 
 /// A listening proxy to one upstream address (or the first live one of several). Dropping it stops accepting; open connections
@@ -89,6 +92,12 @@ impl FaultProxy {
     pub(crate) fn set_blackhole(&self, on: bool) {
         self.switches.blackhole.store(on, Ordering::SeqCst);
     }
+
+    /// Starts or ends an asymmetric partition: the clients' bytes are held, the server's
+    /// still forwarded.
+    pub(crate) fn set_mute_up(&self, on: bool) {
+        self.switches.mute_up.store(on, Ordering::SeqCst);
+    }
 }
 
 async fn accept_loop(
@@ -127,8 +136,8 @@ async fn accept_loop(
             let _ = server.set_nodelay(true);
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            let up = pipe(cr, sw, switches.clone(), cut_rx.clone());
-            let down = pipe(sr, cw, switches, cut_rx);
+            let up = pipe(cr, sw, true, switches.clone(), cut_rx.clone());
+            let down = pipe(sr, cw, false, switches, cut_rx);
             // Either direction ending (or a cut) ends both: a dropped half closes its socket.
             tokio::select! {
                 _ = up => {}
@@ -138,10 +147,12 @@ async fn accept_loop(
     }
 }
 
-/// Copies `from` to `to` until either closes or the connection is cut.
+/// Copies `from` to `to` (`up`: from the client to the server) until either closes or the
+/// connection is cut.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
+    up: bool,
     switches: Arc<Switches>,
     mut cut_rx: watch::Receiver<u64>,
 ) {
@@ -160,7 +171,9 @@ async fn pipe(
             if *cut_rx.borrow() != born {
                 return;
             }
-            if !switches.blackhole.load(Ordering::SeqCst) {
+            let held = switches.blackhole.load(Ordering::SeqCst)
+                || (up && switches.mute_up.load(Ordering::SeqCst));
+            if !held {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

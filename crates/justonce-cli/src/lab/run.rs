@@ -12,14 +12,13 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
 
-use super::faults::{proxied, OwnBroker, SchemaFault};
+use super::faults::{proxied, OwnBroker, Proxies, SchemaFault};
 use super::plot::Samples;
 use super::protocol::LabPoint;
-use super::proxy::FaultProxy;
 use super::scrape::Scraped;
 use super::supervisor::{tails, wait_ready, Mark, Worker, WorkerSpec};
 use super::upstream::{Upstream, UpstreamSpec};
-use super::{checker, schedule, FaultClass, FaultCounts, Kept, LabArgs, LabReport};
+use super::{checker, schedule, FaultClass, FaultCounts, Kept, LabArgs, LabReport, Rss};
 use crate::bus::{Bus, Topology};
 use crate::demo::plan::Plan;
 use crate::orders::{Bank, Tables};
@@ -29,6 +28,8 @@ use justonce::backend::{StoreKind, TransportKind};
 const MAX_PAYLOAD: usize = 16 * 1024;
 /// Leader changes in a run of the failover class.
 pub(crate) const FAILOVERS: usize = 3;
+/// Partitions in a run of the partition class: one of each kind.
+const PARTITIONS: usize = 3;
 /// How long nothing may move before the pipeline counts as drained.
 const QUIET: Duration = Duration::from_secs(5);
 
@@ -50,6 +51,10 @@ pub(crate) struct Scenario {
     topology: Topology,
     metrics: Option<std::net::SocketAddr>,
     keep: bool,
+    /// Soak mode: a fault this often, worker 0 spared and its RSS sampled.
+    fault_every: Option<Duration>,
+    /// The publisher's orders spread over this long.
+    duration: Option<Duration>,
 }
 
 impl Scenario {
@@ -74,6 +79,9 @@ impl Scenario {
         }
         for f in &faults {
             f.must_apply(t_kind, s_kind)?;
+        }
+        if args.fault_every_secs.is_some() && args.workers < 2 {
+            bail!("--fault-every-secs spares worker 0 to watch its memory: it needs --workers 2 or more");
         }
         let name = match faults.as_slice() {
             [one] => one.as_str().to_owned(),
@@ -112,6 +120,8 @@ impl Scenario {
             topology: args.topology.clone(),
             metrics: args.metrics_addr,
             keep: args.keep,
+            fault_every: args.fault_every_secs.map(|s| Duration::from_secs(s.max(1))),
+            duration: args.duration,
         })
     }
 
@@ -140,6 +150,7 @@ impl Scenario {
             schema_pauses: 0,
             worker_exits: 0,
             metrics: None,
+            rss: None,
             kept: None,
             verdict: "fail",
             why,
@@ -167,9 +178,15 @@ impl Scenario {
                 out.push(f);
             }
         }
-        // Three leader changes a run: a SIGKILL, a graceful stop, an app stopped.
-        if out.contains(&FaultClass::Failover) {
-            out.extend([FaultClass::Failover; FAILOVERS - 1]);
+        // Three leader changes a run: a SIGKILL, a graceful stop, an app stopped; and three
+        // partitions, one of each kind.
+        for (class, n) in [
+            (FaultClass::Failover, FAILOVERS),
+            (FaultClass::Partition, PARTITIONS),
+        ] {
+            if out.contains(&class) {
+                out.extend(std::iter::repeat_n(class, n - 1));
+            }
         }
         out
     }
@@ -232,14 +249,32 @@ impl Scenario {
         let (t_proxy, worker_transport) =
             proxied(&transport, self.t_kind != TransportKind::Sqlite).await?;
         let (s_proxy, worker_store) = proxied(&store_url, self.s_kind != StoreKind::Sqlite).await?;
-        let proxies: Vec<Arc<FaultProxy>> = [t_proxy, s_proxy].into_iter().flatten().collect();
+        let proxies = Proxies {
+            transport: t_proxy,
+            store: s_proxy,
+        };
 
         let mut rng = fastrand::Rng::with_seed(self.seed);
         let kill_plan = schedule::kills(self.kills, self.semantics, positions_in_store);
         let point_kills = schedule::points(&kill_plan);
         // Milestones (fractions of the orders delivered) for everything but point kills: a
         // scheduled `Kill` is a kill at a random moment.
-        let mut schedule = schedule::milestones(&kill_plan, &self.milestone_faults(), &mut rng);
+        let mut schedule = if self.fault_every.is_some() {
+            Vec::new()
+        } else {
+            schedule::milestones(&kill_plan, &self.milestone_faults(), &mut rng)
+        };
+        // Soak mode: the classes of the mix in turn, one every `fault_every`.
+        let mut soak_turn = 0usize;
+        let mut mix: Vec<FaultClass> = Vec::new();
+        for f in self.milestone_faults() {
+            if !mix.contains(&f) {
+                mix.push(f);
+            }
+        }
+        let mut rss = self
+            .fault_every
+            .map(|_| (Rss::default(), Instant::now(), Instant::now()));
 
         let spec = WorkerSpec {
             exe: exe.to_owned(),
@@ -267,8 +302,14 @@ impl Scenario {
         let mut workers: Vec<Worker> = Vec::new();
         let mut next_point = point_kills.iter();
         for slot in 0..self.workers {
-            // Every first worker carries a kill point, so kills happen early in any run.
-            let kill = next_point.next().copied();
+            // Every first worker carries a kill point, so kills happen early in any run; in a
+            // soak, worker 0 is the witness of memory over the whole run, and never killed.
+            let witness = slot == 0 && self.fault_every.is_some();
+            let kill = if witness {
+                None
+            } else {
+                next_point.next().copied()
+            };
             let n = rng.u32(1..=3);
             workers.push(spec.spawn(slot, 0, kill.map(|p| (p, n)), marks_tx.clone())?);
         }
@@ -287,7 +328,10 @@ impl Scenario {
             topology: self.topology.to_args(),
             // A failover takes seconds: with the orders spread over about 10 s a failover,
             // 25 at a time, each of them lands while orders arrive and are handled.
-            pace: if self.faults.contains(&FaultClass::Failover) {
+            pace: if let Some(d) = self.duration {
+                let chunks = self.messages.div_ceil(250).max(1) as u32;
+                (250, d / chunks)
+            } else if self.faults.contains(&FaultClass::Failover) {
                 let chunks = self.messages.div_ceil(25).max(1) as u32;
                 (25, Duration::from_secs(10 * FAILOVERS as u64) / chunks)
             } else {
@@ -362,6 +406,9 @@ impl Scenario {
             for (slot, worker) in workers.iter_mut().enumerate() {
                 if let Ok(Some(_)) = worker.child.try_wait() {
                     worker_exits += 1;
+                    if let (0, Some((r, _, _))) = (slot, &mut rss) {
+                        r.restarts += 1;
+                    }
                     if let Some(s) = &mut scraped {
                         s.unscraped += 1;
                     }
@@ -402,14 +449,50 @@ impl Scenario {
             ));
 
             let fraction = deliveries as f64 / self.messages as f64;
-            if schedule.last().is_some_and(|(at, _)| fraction >= *at) {
-                if let Some((_, event)) = schedule.pop() {
-                    if let (FaultClass::Kill, Some(s)) = (event, &mut scraped) {
-                        s.unscraped += 1;
+            if let Some((r, sampled, witness_since)) = &mut rss {
+                if sampled.elapsed() >= Duration::from_secs(5) {
+                    *sampled = Instant::now();
+                    if let Some(kib) = workers[0].pid().and_then(rss_kib) {
+                        if fraction >= 0.2 || r.samples > 0 {
+                            r.push(kib, witness_since.elapsed().as_secs_f64());
+                        }
                     }
-                    let label = event
+                }
+            }
+            // The next fault: in a soak the next class of the mix once `fault_every` has
+            // passed (worker 0 spared), otherwise the next milestone reached.
+            let due = match self.fault_every {
+                Some(every) => (!upstream.done()
+                    && last_fault.elapsed() >= every
+                    && !mix.is_empty())
+                .then(|| {
+                    soak_turn += 1;
+                    mix[(soak_turn - 1) % mix.len()]
+                }),
+                None => schedule
+                    .last()
+                    .is_some_and(|(at, _)| fraction >= *at)
+                    .then(|| schedule.pop().map(|(_, e)| e))
+                    .flatten(),
+            };
+            if let Some(event) = due {
+                let spared = usize::from(self.fault_every.is_some());
+                if let (FaultClass::Kill, Some(s)) = (event, &mut scraped) {
+                    s.unscraped += 1;
+                }
+                let label = if event == FaultClass::Kill && spared == 1 {
+                    // The lab's kill, not an exit of the worker's own: its replacement
+                    // starts at once.
+                    let slot = rng.usize(1..workers.len());
+                    workers[slot].kill().await;
+                    counts.kills += 1;
+                    generation += 1;
+                    workers[slot] = spec.spawn(slot, generation, None, marks_tx.clone())?;
+                    "kill (random moment)".to_owned()
+                } else {
+                    event
                         .fire(
-                            &mut workers,
+                            &mut workers[spared..],
                             &proxies,
                             &schema,
                             &busy,
@@ -418,19 +501,19 @@ impl Scenario {
                             &mut rng,
                             &mut counts,
                         )
-                        .await;
-                    let label = match event {
-                        FaultClass::Failover => {
-                            format!(
-                                "{label}, {deliveries} of {} orders delivered",
-                                self.messages
-                            )
-                        }
-                        _ => label,
-                    };
-                    samples.mark(started.elapsed(), label);
-                    last_fault = Instant::now();
-                }
+                        .await
+                };
+                let label = match event {
+                    FaultClass::Failover => {
+                        format!(
+                            "{label}, {deliveries} of {} orders delivered",
+                            self.messages
+                        )
+                    }
+                    _ => label,
+                };
+                samples.mark(started.elapsed(), label);
+                last_fault = Instant::now();
             }
 
             let backlog = queued + outboxed;
@@ -530,6 +613,15 @@ impl Scenario {
             }),
         });
         let mut why = why;
+        if let Some((r, _, _)) = &rss {
+            if r.grew() {
+                why.push(format!(
+                    "worker 0's memory grew: at most {} MiB in the first half of the run, {} MiB in the second",
+                    r.first_half_max_kib / 1024,
+                    r.second_half_max_kib / 1024
+                ));
+            }
+        }
         if self.faults.contains(&FaultClass::Failover) && counts.failovers < FAILOVERS as u64 {
             why.push(format!(
                 "{} leader failovers of the {FAILOVERS} planned",
@@ -555,6 +647,7 @@ impl Scenario {
             schema_pauses,
             worker_exits,
             metrics: scraped,
+            rss: rss.map(|(r, _, _)| r),
             verdict: if why.is_empty() { "pass" } else { "fail" },
             why: why.join("; "),
             ..self.failed(String::new())
@@ -581,4 +674,17 @@ impl Scenario {
         }
         Ok(report)
     }
+}
+
+/// The resident set of process `pid`, in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }

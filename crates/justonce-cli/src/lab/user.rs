@@ -30,8 +30,7 @@ use serde::Serialize;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
-use super::faults::{proxied, OwnBroker, SchemaFault};
-use super::proxy::FaultProxy;
+use super::faults::{proxied, OwnBroker, Proxies, SchemaFault};
 use super::supervisor::{tails, Worker};
 use super::{FaultClass, FaultCounts, LabArgs};
 use crate::bus::Bus;
@@ -298,7 +297,10 @@ impl<'a> UserLab<'a> {
             proxied(&transport, self.t_kind != TransportKind::Sqlite).await?;
         let (s_proxy, worker_store) =
             proxied(&self.store, self.s_kind != StoreKind::Sqlite).await?;
-        let proxies: Vec<Arc<FaultProxy>> = [t_proxy, s_proxy].into_iter().flatten().collect();
+        let proxies = Proxies {
+            transport: t_proxy,
+            store: s_proxy,
+        };
         let spawn = |slot: usize, generation: u64| -> anyhow::Result<Worker> {
             let mut cmd = Command::new("sh");
             // Its stdout (where many loggers write) joins its stderr, which the lab keeps

@@ -3,6 +3,7 @@
 
 mod amqp;
 mod environment;
+mod interleavings;
 mod metrics;
 mod outbox;
 #[cfg(feature = "postgres")]
