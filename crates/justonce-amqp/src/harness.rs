@@ -105,12 +105,7 @@ impl Cluster {
             home,
             _dir: dir,
         };
-        for i in 0..n {
-            cluster.launch(i).await?;
-        }
-        for i in 0..n {
-            cluster.await_boot(i).await?;
-        }
+        cluster.start_all().await?;
         let first = cluster.nodes[0].name.clone();
         for i in 1..n {
             cluster.ctl(i, &["stop_app"]).await?;
@@ -138,16 +133,6 @@ impl Cluster {
     /// The AMQP address of node `i`.
     pub fn addr(&self, i: usize) -> std::net::SocketAddr {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.nodes[i].amqp))
-    }
-
-    /// The Erlang node name of node `i` (`…@localhost`).
-    pub fn node_name(&self, i: usize) -> &str {
-        &self.nodes[i].name
-    }
-
-    /// Whether node `i` is running, as far as this harness knows.
-    pub fn is_up(&self, i: usize) -> bool {
-        self.nodes[i].up
     }
 
     /// SIGKILLs node `i`'s Erlang VM, as a crash or a lost machine would.

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use justonce::backend::{StoreKind, TransportKind};
 
 use super::proxy::{through, FaultProxy};
-use super::supervisor::{signal, Worker};
+use super::supervisor::Worker;
 use super::{FaultClass, FaultCounts};
 
 /// The fault proxies of a scenario: in front of the broker and in front of the database
@@ -112,15 +112,7 @@ impl FaultClass {
             }
             FaultClass::Pause => {
                 let span = (lease * 3).max(Duration::from_secs(2));
-                if let Some(pid) = workers[slot].pid() {
-                    signal(pid, "STOP");
-                    busy.fetch_add(1, Ordering::SeqCst);
-                    let busy = busy.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(span).await;
-                        signal(pid, "CONT");
-                        busy.fetch_sub(1, Ordering::SeqCst);
-                    });
+                if workers[slot].pause(span, busy) {
                     counts.pauses += 1;
                 }
                 format!("pause {:.1}s", span.as_secs_f64())
@@ -413,7 +405,7 @@ impl OwnCluster {
 impl OwnBroker {
     /// The lab's own server for `kind`; `None` for a transport whose restarts go to the
     /// server at its URL (RabbitMQ, stopped and started as an app) or that has none.
-    pub(crate) async fn start(kind: TransportKind) -> anyhow::Result<Option<Self>> {
+    async fn start(kind: TransportKind) -> anyhow::Result<Option<Self>> {
         Ok(match kind {
             TransportKind::Redis => Some(OwnBroker::Redis(
                 justonce_redis::harness::OwnServer::start_durable()
@@ -434,8 +426,24 @@ impl OwnBroker {
         })
     }
 
+    /// The server a run with `faults` on `kind` needs of its own: the cluster for a
+    /// failover (its work queue `queue`), the server to restart for a broker restart.
+    pub(crate) async fn for_faults(
+        faults: &[FaultClass],
+        kind: TransportKind,
+        queue: &str,
+    ) -> anyhow::Result<Option<Self>> {
+        if faults.contains(&FaultClass::Failover) {
+            Self::cluster(queue).await.map(Some)
+        } else if faults.contains(&FaultClass::BrokerRestart) {
+            Self::start(kind).await
+        } else {
+            Ok(None)
+        }
+    }
+
     /// The lab's own RabbitMQ cluster of three nodes, its work queue `queue`.
-    pub(crate) async fn cluster(queue: &str) -> anyhow::Result<Self> {
+    async fn cluster(queue: &str) -> anyhow::Result<Self> {
         let cluster = justonce_amqp::harness::Cluster::start(3)
             .await
             .context("cannot start the lab's RabbitMQ cluster (is rabbitmq-server installed?)")?;

@@ -269,19 +269,20 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 }
 
 impl Rss {
-    /// Adds a sample.
-    pub(crate) fn push(&mut self, kib: u64, seconds: f64) {
-        if self.all.is_empty() {
-            self.first_kib = kib;
+    /// The summary of `kib`, the witness's samples in order, over `seconds`.
+    pub(crate) fn of(kib: &[u64], seconds: f64, restarts: u64) -> Rss {
+        let max = |k: &[u64]| k.iter().copied().max().unwrap_or(0);
+        let (a, b) = kib.split_at(kib.len() / 2);
+        Rss {
+            first_kib: kib.first().copied().unwrap_or(0),
+            last_kib: kib.last().copied().unwrap_or(0),
+            max_kib: max(kib),
+            first_half_max_kib: max(a),
+            second_half_max_kib: max(b),
+            samples: kib.len() as u64,
+            seconds,
+            restarts,
         }
-        self.all.push(kib);
-        self.samples = self.all.len() as u64;
-        self.last_kib = kib;
-        self.max_kib = self.max_kib.max(kib);
-        let (a, b) = self.all.split_at(self.all.len() / 2);
-        self.first_half_max_kib = a.iter().copied().max().unwrap_or(0);
-        self.second_half_max_kib = b.iter().copied().max().unwrap_or(0);
-        self.seconds = seconds;
     }
 
     /// Whether the second half of the run rose above the first: by a quarter again and
@@ -290,6 +291,34 @@ impl Rss {
         let (a, b) = (self.first_half_max_kib, self.second_half_max_kib);
         self.samples >= 4 && b > a + a / 4 && b - a > 16 * 1024
     }
+}
+
+impl FaultCounts {
+    /// The progress bar's message: the faults done so far.
+    pub(crate) fn progress(&self) -> String {
+        format!(
+            "kills {} pauses {} cuts {} restarts {}",
+            self.kills,
+            self.pauses,
+            self.cuts,
+            self.broker_restarts + self.db_restarts
+        )
+    }
+}
+
+/// A run's progress bar over `len` orders; hidden unless `show` (`--json` quiets it).
+pub(crate) fn progress_bar(show: bool, len: u64, prefix: String) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(prefix);
+    bar
 }
 
 impl LabArgs {
@@ -343,7 +372,7 @@ pub(crate) struct LabReport {
 /// The resident memory of a soak's witness worker (worker 0), in KiB: the first sample
 /// once a fifth of the orders were delivered, the last one, the largest, and the largest of
 /// each half of the samples (a leak shows as a second half above the first).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Rss {
     pub(crate) first_kib: u64,
     pub(crate) last_kib: u64,
@@ -351,8 +380,6 @@ pub(crate) struct Rss {
     pub(crate) first_half_max_kib: u64,
     pub(crate) second_half_max_kib: u64,
     pub(crate) samples: u64,
-    #[serde(skip)]
-    pub(crate) all: Vec<u64>,
     /// How long the witness ran, in seconds.
     pub(crate) seconds: f64,
     /// Times the witness exited on its own and was started again (its RSS with it).
@@ -411,7 +438,13 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         bail!("--messages and --workers must each be at least 1");
     }
     if let Some(command) = &args.worker {
-        let report = user::UserLab::new(&args, command)?.run(!args.json).await?;
+        let lab = user::UserLab::new(&args, command)?;
+        // The user's workers are process groups of their own, out of reach of the
+        // terminal's Ctrl-C: stop the run (its workers' groups are killed as it drops).
+        let report = tokio::select! {
+            report = lab.run(!args.json) => report?,
+            () = justonce::shutdown_signal() => bail!("interrupted: the workers were killed"),
+        };
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
         } else {
@@ -678,15 +711,10 @@ mod tests {
 
     #[test]
     fn memory_is_flat_unless_the_second_half_rises_above_the_first() {
-        let mut burst = Rss::default();
-        for kib in [27_000, 37_000, 30_000, 29_000, 31_000, 49_000] {
-            burst.push(kib, 0.0);
-        }
+        let burst = Rss::of(&[27_000, 37_000, 30_000, 29_000, 31_000, 49_000], 0.0, 0);
         assert!(!burst.grew(), "{burst:?}");
-        let mut leak = Rss::default();
-        for i in 0..20u64 {
-            leak.push(30_000 + i * 3_000, 0.0);
-        }
+        let leak: Vec<u64> = (0..20).map(|i| 30_000 + i * 3_000).collect();
+        let leak = Rss::of(&leak, 0.0, 0);
         assert!(leak.grew(), "{leak:?}");
     }
 

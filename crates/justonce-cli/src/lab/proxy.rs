@@ -25,8 +25,8 @@ struct Switches {
     mute_up: AtomicBool,
 }
 
-/// A listening proxy to one upstream address (or the first live one of several). Dropping it stops accepting; open connections
-/// end with their peers.
+/// A listening proxy to one upstream address (or the first live one of several). Dropping
+/// it stops accepting; open connections end with their peers.
 #[derive(Debug)]
 pub(crate) struct FaultProxy {
     addr: SocketAddr,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use indicatif::{ProgressBar, ProgressStyle};
 use justonce::redis::RedisStore;
 use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
@@ -157,9 +156,9 @@ impl Scenario {
         }
     }
 
-    /// The faults fired at milestones: the relay class's is a restart of the transport's
-    /// server while the relays publish (none on the embedded SQLite queue).
-    fn milestone_faults(&self) -> Vec<FaultClass> {
+    /// The classes the lab fires, once each: the relay class's is a restart of the
+    /// transport's server while the relays publish (none on the embedded SQLite queue).
+    fn fired(&self) -> Vec<FaultClass> {
         let mut out = Vec::new();
         for f in &self.faults {
             let f = match (f, self.t_kind) {
@@ -178,6 +177,13 @@ impl Scenario {
                 out.push(f);
             }
         }
+        out
+    }
+
+    /// The faults fired at milestones: [`Scenario::fired`], with three leader changes a
+    /// run and three partitions.
+    fn milestone_faults(&self) -> Vec<FaultClass> {
+        let mut out = self.fired();
         // Three leader changes a run: a SIGKILL, a graceful stop, an app stopped; and three
         // partitions, one of each kind.
         for (class, n) in [
@@ -217,13 +223,7 @@ impl Scenario {
         // durable as the guide says it must be); the server at the URL given is left alone.
         let run_id = format!("{:08x}", fastrand::u32(..));
         let queue = format!("justonce-lab-{run_id}");
-        let mut own_broker = if self.faults.contains(&FaultClass::Failover) {
-            Some(OwnBroker::cluster(&queue).await?)
-        } else if self.milestone_faults().contains(&FaultClass::BrokerRestart) {
-            OwnBroker::start(self.t_kind).await?
-        } else {
-            None
-        };
+        let mut own_broker = OwnBroker::for_faults(&self.fired(), self.t_kind, &queue).await?;
         let transport = match &own_broker {
             Some(server) => server.url(),
             None => self.transport.clone().unwrap_or_else(|| in_tmp("queue.db")),
@@ -266,15 +266,8 @@ impl Scenario {
         };
         // Soak mode: the classes of the mix in turn, one every `fault_every`.
         let mut soak_turn = 0usize;
-        let mut mix: Vec<FaultClass> = Vec::new();
-        for f in self.milestone_faults() {
-            if !mix.contains(&f) {
-                mix.push(f);
-            }
-        }
-        let mut rss = self
-            .fault_every
-            .map(|_| (Rss::default(), Instant::now(), Instant::now()));
+        let mix = self.fired();
+        let mut witness = self.fault_every.map(|_| Witness::default());
 
         let spec = WorkerSpec {
             exe: exe.to_owned(),
@@ -349,18 +342,7 @@ impl Scenario {
             None => Upstream::publisher(&upstream_spec)?,
         };
 
-        let bar = if progress {
-            let bar = ProgressBar::new(self.messages);
-            bar.set_style(
-                ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
-            );
-            bar.set_prefix(format!("lab {}", self.name));
-            bar
-        } else {
-            ProgressBar::hidden()
-        };
+        let bar = super::progress_bar(progress, self.messages, format!("lab {}", self.name));
 
         let started = Instant::now();
         let mut counts = FaultCounts {
@@ -405,12 +387,15 @@ impl Scenario {
             // start it again.
             for (slot, worker) in workers.iter_mut().enumerate() {
                 if let Ok(Some(_)) = worker.child.try_wait() {
-                    worker_exits += 1;
-                    if let (0, Some((r, _, _))) = (slot, &mut rss) {
-                        r.restarts += 1;
-                    }
-                    if let Some(s) = &mut scraped {
-                        s.unscraped += 1;
+                    // A kill at a random moment was counted where it was done.
+                    if !worker.killed {
+                        worker_exits += 1;
+                        if let (0, Some(w)) = (slot, &mut witness) {
+                            w.restarts += 1;
+                        }
+                        if let Some(s) = &mut scraped {
+                            s.unscraped += 1;
+                        }
                     }
                     generation += 1;
                     let kill = worker.kill_point.and_then(|p| match p {
@@ -440,23 +425,14 @@ impl Scenario {
             };
             samples.push(started.elapsed(), effects);
             bar.set_position(effects.min(self.messages));
-            bar.set_message(format!(
-                "kills {} pauses {} cuts {} restarts {}",
-                counts.kills,
-                counts.pauses,
-                counts.cuts,
-                counts.broker_restarts + counts.db_restarts
-            ));
+            bar.set_message(counts.progress());
 
             let fraction = deliveries as f64 / self.messages as f64;
-            if let Some((r, sampled, witness_since)) = &mut rss {
-                if sampled.elapsed() >= Duration::from_secs(5) {
-                    *sampled = Instant::now();
-                    if let Some(kib) = workers[0].pid().and_then(rss_kib) {
-                        if fraction >= 0.2 || r.samples > 0 {
-                            r.push(kib, witness_since.elapsed().as_secs_f64());
-                        }
-                    }
+            // A soak's witness, from a fifth of the orders on.
+            if let Some(w) = &mut witness {
+                if fraction >= 0.2 && w.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                    w.last = Some(Instant::now());
+                    w.kib.extend(workers[0].pid().and_then(rss_kib));
                 }
             }
             // The next fault: in a soak the next class of the mix once `fault_every` has
@@ -480,29 +456,18 @@ impl Scenario {
                 if let (FaultClass::Kill, Some(s)) = (event, &mut scraped) {
                     s.unscraped += 1;
                 }
-                let label = if event == FaultClass::Kill && spared == 1 {
-                    // The lab's kill, not an exit of the worker's own: its replacement
-                    // starts at once.
-                    let slot = rng.usize(1..workers.len());
-                    workers[slot].kill().await;
-                    counts.kills += 1;
-                    generation += 1;
-                    workers[slot] = spec.spawn(slot, generation, None, marks_tx.clone())?;
-                    "kill (random moment)".to_owned()
-                } else {
-                    event
-                        .fire(
-                            &mut workers[spared..],
-                            &proxies,
-                            &schema,
-                            &busy,
-                            self.lease,
-                            own_broker.as_mut(),
-                            &mut rng,
-                            &mut counts,
-                        )
-                        .await
-                };
+                let label = event
+                    .fire(
+                        &mut workers[spared..],
+                        &proxies,
+                        &schema,
+                        &busy,
+                        self.lease,
+                        own_broker.as_mut(),
+                        &mut rng,
+                        &mut counts,
+                    )
+                    .await;
                 let label = match event {
                     FaultClass::Failover => {
                         format!(
@@ -613,7 +578,8 @@ impl Scenario {
             }),
         });
         let mut why = why;
-        if let Some((r, _, _)) = &rss {
+        let rss = witness.map(|w| Rss::of(&w.kib, started.elapsed().as_secs_f64(), w.restarts));
+        if let Some(r) = &rss {
             if r.grew() {
                 why.push(format!(
                     "worker 0's memory grew: at most {} MiB in the first half of the run, {} MiB in the second",
@@ -647,7 +613,7 @@ impl Scenario {
             schema_pauses,
             worker_exits,
             metrics: scraped,
-            rss: rss.map(|(r, _, _)| r),
+            rss,
             verdict: if why.is_empty() { "pass" } else { "fail" },
             why: why.join("; "),
             ..self.failed(String::new())
@@ -674,6 +640,15 @@ impl Scenario {
         }
         Ok(report)
     }
+}
+
+/// A soak's worker 0, never killed or paused: its memory, sampled every 5 s.
+#[derive(Default)]
+struct Witness {
+    kib: Vec<u64>,
+    last: Option<Instant>,
+    /// Times it exited on its own and was started again.
+    restarts: u64,
 }
 
 /// The resident set of process `pid`, in KiB (`VmRSS` of /proc/PID/status).

@@ -1,7 +1,7 @@
 //! The worker processes of a scenario: how one is started, read, killed and stopped.
 
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -223,7 +223,25 @@ impl Worker {
             kill_point: kill.map(|(p, _)| p),
             tail,
             metrics,
+            group: false,
+            killed: false,
         })
+    }
+
+    /// Starts `cmd` (a user's command under `sh -c`, which may fork) as a process group of
+    /// its own: its kills, pauses and SIGTERM reach every process it started, and a group
+    /// still running when the worker is dropped is killed.
+    pub(crate) fn start_group(
+        mut cmd: Command,
+        what: &str,
+        slot: usize,
+        generation: u64,
+    ) -> anyhow::Result<Worker> {
+        cmd.process_group(0);
+        let (marks, _) = mpsc::unbounded_channel();
+        let mut w = Worker::start(cmd, what, slot, generation, None, marks, Arc::default())?;
+        w.group = true;
+        Ok(w)
     }
 }
 
@@ -249,6 +267,10 @@ pub(crate) struct Worker {
     tail: Arc<Mutex<Vec<String>>>,
     /// Where it serves its metrics, once it has said so.
     metrics: Arc<Mutex<Option<std::net::SocketAddr>>>,
+    /// Its signals go to its process group ([`Worker::start_group`]).
+    group: bool,
+    /// The lab killed it ([`Worker::kill`]): its exit is not one of its own.
+    pub(crate) killed: bool,
 }
 
 impl Worker {
@@ -270,33 +292,68 @@ impl Worker {
         self.child.id()
     }
 
-    /// SIGKILL, and wait for it.
+    /// What its signals are sent to: its pid, or `-PGID` for a group; none once it exited.
+    fn target(&self) -> Option<String> {
+        let pid = self.pid()?;
+        Some(if self.group {
+            format!("-{pid}")
+        } else {
+            pid.to_string()
+        })
+    }
+
+    /// SIGKILL, and wait for it; its exit then counts as the lab's, not its own.
     pub(crate) async fn kill(&mut self) {
-        let _ = self.child.kill().await;
+        self.killed = true;
+        if let Some(t) = self.target() {
+            send_signal(&t, "KILL");
+        }
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGSTOP, then SIGCONT after `span`, in a task counted in `busy`; false if it had
+    /// exited already.
+    pub(crate) fn pause(&self, span: Duration, busy: &Arc<AtomicUsize>) -> bool {
+        let Some(t) = self.target() else {
+            return false;
+        };
+        send_signal(&t, "STOP");
+        busy.fetch_add(1, Ordering::SeqCst);
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(span).await;
+            send_signal(&t, "CONT");
+            busy.fetch_sub(1, Ordering::SeqCst);
+        });
+        true
     }
 
     /// SIGTERM: finish the batch in flight, commit, ack, exit; SIGKILL after 15 s.
     pub(crate) async fn terminate(&mut self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, "TERM");
+        if let Some(t) = self.target() {
+            send_signal(&t, "TERM");
         }
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
             .await
             .is_err()
         {
-            let _ = self.child.kill().await;
+            self.kill().await;
         }
     }
 }
 
-/// Sends a signal to `pid`.
-pub(crate) fn signal(pid: u32, name: &str) {
-    send_signal(&pid.to_string(), name);
+impl Drop for Worker {
+    /// `kill_on_drop` reaches the process the lab started; a group is killed whole.
+    fn drop(&mut self) {
+        if let (true, Some(t)) = (self.group, self.target()) {
+            send_signal(&t, "KILL");
+        }
+    }
 }
 
 /// Sends a signal with kill(1) (the workspace forbids `unsafe`, so no libc::kill) to
 /// `target`: a pid, or `-PGID` for a process group.
-pub(crate) fn send_signal(target: &str, name: &str) {
+fn send_signal(target: &str, name: &str) {
     let _ = std::process::Command::new("kill")
         .arg(format!("-{name}"))
         .arg("--")

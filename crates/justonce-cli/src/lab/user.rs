@@ -23,12 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use indicatif::{ProgressBar, ProgressStyle};
 use justonce::backend::{StoreKind, TransportKind};
 use justonce::Message;
 use serde::Serialize;
 use tokio::process::Command;
-use tokio::sync::mpsc;
 
 use super::faults::{proxied, OwnBroker, Proxies, SchemaFault};
 use super::supervisor::{tails, Worker};
@@ -39,6 +37,8 @@ use crate::publish::retry;
 /// The payload when no `--publish-template` is given: the `rabbitmq-postgres` example's.
 pub(crate) const DEFAULT_TEMPLATE: &str =
     r#"{"order_id":"{{id}}","account":{{account}},"amount_cents":{{amount}}}"#;
+/// Why a Redis store cannot be judged.
+const NEEDS_SQL: &str = "--effects-sql needs a SQL store (sqlite:, postgres://, mysql://)";
 /// Share of the orders published a second time with the same id.
 const RESEND_SHARE: f64 = 0.05;
 /// How long the effects must stay the same, with every order applied, before the lab stops.
@@ -143,9 +143,7 @@ impl Effects {
                     )
                     .await?,
             ),
-            StoreKind::Redis => {
-                bail!("--effects-sql needs a SQL store (sqlite:, postgres://, mysql://)")
-            }
+            StoreKind::Redis => bail!(NEEDS_SQL),
         })
     }
 
@@ -174,25 +172,21 @@ impl Effects {
                 .context("the second column of --effects-sql is not an integer count")?;
             Ok((id, n))
         }
-        let rows: Vec<(String, i64)> = match self {
-            Effects::Pg(p) => sqlx::query(sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(row)
-                .collect::<anyhow::Result<_>>()?,
-            Effects::My(p) => sqlx::query(sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(row)
-                .collect::<anyhow::Result<_>>()?,
-            Effects::Lite(p) => sqlx::query(sql)
-                .fetch_all(p)
-                .await?
-                .iter()
-                .map(row)
-                .collect::<anyhow::Result<_>>()?,
+        // One query, three pool types: the same lines for each.
+        macro_rules! fetch {
+            ($pool:expr) => {
+                sqlx::query(sql)
+                    .fetch_all($pool)
+                    .await?
+                    .iter()
+                    .map(row)
+                    .collect::<anyhow::Result<Vec<_>>>()?
+            };
+        }
+        let rows = match self {
+            Effects::Pg(p) => fetch!(p),
+            Effects::My(p) => fetch!(p),
+            Effects::Lite(p) => fetch!(p),
         };
         let mut out = HashMap::new();
         for (id, n) in rows {
@@ -220,7 +214,7 @@ impl<'a> UserLab<'a> {
         let t_kind = TransportKind::from_url(transport)?;
         let s_kind = StoreKind::from_url(store)?;
         if s_kind == StoreKind::Redis {
-            bail!("--effects-sql needs a SQL store (sqlite:, postgres://, mysql://)");
+            bail!(NEEDS_SQL);
         }
         let template = match &args.publish_template {
             Some(path) => std::fs::read_to_string(path)
@@ -261,13 +255,7 @@ impl<'a> UserLab<'a> {
 
     pub(crate) async fn run(&self, progress: bool) -> anyhow::Result<WorkerReport> {
         let args = self.args;
-        let mut own_broker = if self.faults.contains(&FaultClass::Failover) {
-            Some(OwnBroker::cluster(self.queue).await?)
-        } else if self.faults.contains(&FaultClass::BrokerRestart) {
-            OwnBroker::start(self.t_kind).await?
-        } else {
-            None
-        };
+        let mut own_broker = OwnBroker::for_faults(&self.faults, self.t_kind, self.queue).await?;
         let transport = own_broker
             .as_ref()
             .map_or(self.transport.clone(), OwnBroker::url);
@@ -276,9 +264,6 @@ impl<'a> UserLab<'a> {
             .context("the lab cannot reach the store for --effects-sql")?;
         let run_id = format!("{:08x}", fastrand::u32(..));
         let prefix = format!("lab-{run_id}-");
-        // The user's tables may not exist before the workers start; a query that keeps
-        // failing once they run stops the lab with its error (below).
-        let _ = effects.counts(self.effects_sql, &prefix).await;
 
         let mut rng = fastrand::Rng::with_seed(args.seed);
         let orders: Vec<Order> = (0..args.messages)
@@ -311,21 +296,12 @@ impl<'a> UserLab<'a> {
                 .env("JUSTONCE_STORE_URL", &worker_store)
                 .env("JUSTONCE_WORKER", slot.to_string())
                 .process_group(0);
-            let (marks, _) = mpsc::unbounded_channel();
-            Worker::start(
-                cmd,
-                "user worker",
-                slot,
-                generation,
-                None,
-                marks,
-                Arc::default(),
-            )
+            Worker::start_group(cmd, "user worker", slot, generation)
         };
-        let mut crew = Crew(Vec::new());
-        for slot in 0..args.workers {
-            crew.0.push(spawn(slot, 0)?);
-        }
+        // Dropped on any way out, each still-running group is killed with its worker.
+        let mut workers = (0..args.workers)
+            .map(|slot| spawn(slot, 0))
+            .collect::<anyhow::Result<Vec<_>>>()?;
 
         // The publisher: paced, so that the faults land while orders flow. It connects
         // straight to the broker (the proxies are the workers'), and waits for the queue the
@@ -362,18 +338,7 @@ impl<'a> UserLab<'a> {
             })
         };
 
-        let bar = if progress {
-            let bar = ProgressBar::new(args.messages);
-            bar.set_style(
-                ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
-            );
-            bar.set_prefix("lab --worker");
-            bar
-        } else {
-            ProgressBar::hidden()
-        };
+        let bar = super::progress_bar(progress, args.messages, "lab --worker".into());
 
         let started = Instant::now();
         let every = Duration::from_millis(args.fault_every_ms);
@@ -395,9 +360,12 @@ impl<'a> UserLab<'a> {
         let mut publisher = Some(publisher);
         let mut failing_since: Option<Instant> = None;
         loop {
-            for (slot, w) in crew.0.iter_mut().enumerate() {
+            for (slot, w) in workers.iter_mut().enumerate() {
                 if let Ok(Some(status)) = w.child.try_wait() {
-                    worker_exits += 1;
+                    // A kill of the lab's was counted where it was done.
+                    if !w.killed {
+                        worker_exits += 1;
+                    }
                     if worker_exits > 3 * args.workers as u64 + 10 {
                         bail!(
                             "the worker command keeps exiting ({status}); it said:\n{}",
@@ -420,33 +388,19 @@ impl<'a> UserLab<'a> {
             if faults_left && last_fault.elapsed() >= every {
                 let class = self.faults[next_fault % self.faults.len()];
                 next_fault += 1;
-                let slot = rng.usize(..crew.0.len());
-                match class {
-                    FaultClass::Kill => {
-                        crew.kill(slot).await;
-                        counts.kills += 1;
-                        generation += 1;
-                        crew.0[slot] = spawn(slot, generation)?;
-                    }
-                    FaultClass::Pause => {
-                        crew.pause(slot, (args.lease() * 3).max(Duration::from_secs(2)), &busy);
-                        counts.pauses += 1;
-                    }
-                    other => {
-                        other
-                            .fire(
-                                &mut crew.0,
-                                &proxies,
-                                &schema,
-                                &busy,
-                                args.lease(),
-                                own_broker.as_mut(),
-                                &mut rng,
-                                &mut counts,
-                            )
-                            .await;
-                    }
-                }
+                // A killed worker is started again above, at the next turn of the loop.
+                class
+                    .fire(
+                        &mut workers,
+                        &proxies,
+                        &schema,
+                        &busy,
+                        args.lease(),
+                        own_broker.as_mut(),
+                        &mut rng,
+                        &mut counts,
+                    )
+                    .await;
                 last_fault = Instant::now();
             }
 
@@ -470,13 +424,7 @@ impl<'a> UserLab<'a> {
             };
             let total: u64 = now.values().sum();
             bar.set_position(now.len() as u64);
-            bar.set_message(format!(
-                "kills {} pauses {} cuts {} restarts {}",
-                counts.kills,
-                counts.pauses,
-                counts.cuts,
-                counts.broker_restarts + counts.db_restarts
-            ));
+            bar.set_message(counts.progress());
             if total != last_seen.0 {
                 last_seen = (total, Instant::now());
             }
@@ -489,14 +437,16 @@ impl<'a> UserLab<'a> {
                 eprintln!(
                     "lab: no effect for {} s with orders missing; the workers said:\n{}",
                     STALL.as_secs(),
-                    tails(&crew.0).join("\n")
+                    tails(&workers).join("\n")
                 );
                 break;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         bar.finish_and_clear();
-        crew.terminate().await;
+        for w in &mut workers {
+            w.terminate().await;
+        }
 
         let counted = effects.counts(self.effects_sql, &prefix).await?;
         let (lost, duplicate_effects) = judge(orders.iter().map(|o| o.id.as_str()), &counted);
@@ -538,70 +488,6 @@ fn message(o: &Order) -> anyhow::Result<Message> {
     Ok(Message::new(o.payload.clone())
         .with_content_type("application/json")
         .with_id(o.id.as_str())?)
-}
-
-/// The user's workers, each a process group of its own; every group still running is
-/// killed when the crew is dropped (the lab failed midway).
-struct Crew(Vec<Worker>);
-
-impl Crew {
-    async fn kill(&mut self, slot: usize) {
-        let w = &mut self.0[slot];
-        if let Some(pid) = w.pid() {
-            group_signal(pid, "KILL");
-        }
-        let _ = w.child.wait().await;
-    }
-
-    fn pause(&mut self, slot: usize, span: Duration, busy: &Arc<AtomicUsize>) {
-        let Some(pid) = self.0[slot].pid() else {
-            return;
-        };
-        group_signal(pid, "STOP");
-        busy.fetch_add(1, Ordering::SeqCst);
-        let busy = busy.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(span).await;
-            group_signal(pid, "CONT");
-            busy.fetch_sub(1, Ordering::SeqCst);
-        });
-    }
-
-    /// SIGTERM to every group; SIGKILL to those still running 15 s later.
-    async fn terminate(&mut self) {
-        for w in &self.0 {
-            if let Some(pid) = w.pid() {
-                group_signal(pid, "CONT");
-                group_signal(pid, "TERM");
-            }
-        }
-        for w in &mut self.0 {
-            if tokio::time::timeout(Duration::from_secs(15), w.child.wait())
-                .await
-                .is_err()
-            {
-                if let Some(pid) = w.pid() {
-                    group_signal(pid, "KILL");
-                }
-                let _ = w.child.wait().await;
-            }
-        }
-    }
-}
-
-impl Drop for Crew {
-    fn drop(&mut self) {
-        for w in &self.0 {
-            if let Some(pid) = w.pid() {
-                group_signal(pid, "KILL");
-            }
-        }
-    }
-}
-
-/// Sends a signal to the process group `pgid`.
-fn group_signal(pgid: u32, name: &str) {
-    super::supervisor::send_signal(&format!("-{pgid}"), name);
 }
 
 /// The run's one-screen summary.
