@@ -175,10 +175,7 @@ impl FaultClass {
                     }
                     return format!("{} restart (SIGKILL)", server.name());
                 }
-                let stopped = rabbitmqctl("stop_app").await;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let started = rabbitmqctl("start_app").await;
-                if stopped && started {
+                if rabbitmq_restart().await {
                     counts.broker_restarts += 1;
                 }
                 "broker restart".into()
@@ -294,14 +291,23 @@ fn timed(
     });
 }
 
-async fn rabbitmqctl(action: &'static str) -> bool {
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new("rabbitmqctl")
-            .arg(action)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+/// `rabbitmqctl stop_app`, 2 s, `start_app`, on a blocking thread: a lab interrupted
+/// meanwhile still starts the app again (the runtime waits for blocking work as it shuts
+/// down), so the machine's broker is never left stopped.
+async fn rabbitmq_restart() -> bool {
+    tokio::task::spawn_blocking(|| {
+        let run = |action: &str| {
+            std::process::Command::new("rabbitmqctl")
+                .arg(action)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let stopped = run("stop_app");
+        std::thread::sleep(Duration::from_secs(2));
+        let started = run("start_app");
+        stopped && started
     })
     .await
     .unwrap_or(false)

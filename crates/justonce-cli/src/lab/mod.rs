@@ -433,18 +433,26 @@ fn local(service: LocalService) -> Option<String> {
     Some(service.url())
 }
 
+/// Runs the lab until it is done or interrupted. On Ctrl-C or SIGTERM the run is dropped:
+/// its workers, publisher, relays and servers of its own are killed as they drop (the
+/// user's workers are process groups of their own, out of reach of the terminal's Ctrl-C,
+/// and a SIGTERM reaches the lab alone); its queue and tables are left where they are.
 pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
+    tokio::select! {
+        done = run_lab(args) => done,
+        () = justonce::shutdown_signal() => {
+            bail!("interrupted: the lab's processes were killed; its queue and tables are left")
+        }
+    }
+}
+
+async fn run_lab(args: LabArgs) -> anyhow::Result<()> {
     if args.messages == 0 || args.workers == 0 {
         bail!("--messages and --workers must each be at least 1");
     }
     if let Some(command) = &args.worker {
         let lab = user::UserLab::new(&args, command)?;
-        // The user's workers are process groups of their own, out of reach of the
-        // terminal's Ctrl-C: stop the run (its workers' groups are killed as it drops).
-        let report = tokio::select! {
-            report = lab.run(!args.json) => report?,
-            () = justonce::shutdown_signal() => bail!("interrupted: the workers were killed"),
-        };
+        let report = lab.run(!args.json).await?;
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
         } else {

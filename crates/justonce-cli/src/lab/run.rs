@@ -291,6 +291,8 @@ impl Scenario {
             table: tables.accounts.clone(),
         };
         let mut worker_exits = 0u64;
+        // Exits whose last words were about the schema: the schema fault's failures.
+        let mut schema_exits = 0u64;
         let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<Mark>();
         let mut workers: Vec<Worker> = Vec::new();
         let mut next_point = point_kills.iter();
@@ -390,6 +392,9 @@ impl Scenario {
                     // A kill at a random moment was counted where it was done.
                     if !worker.killed {
                         worker_exits += 1;
+                        if worker.exited_on_schema() {
+                            schema_exits += 1;
+                        }
                         if let (0, Some(w)) = (slot, &mut witness) {
                             w.restarts += 1;
                         }
@@ -436,9 +441,11 @@ impl Scenario {
                 }
             }
             // The next fault: in a soak the next class of the mix once `fault_every` has
-            // passed (worker 0 spared), otherwise the next milestone reached.
+            // passed (worker 0 spared), for as long as orders are being published or wait
+            // on the transport (a fast publisher is done long before the workers are);
+            // otherwise the next milestone reached.
             let due = match self.fault_every {
-                Some(every) => (!upstream.done()
+                Some(every) => ((!upstream.done() || queued + outboxed > 0)
                     && last_fault.elapsed() >= every
                     && !mix.is_empty())
                 .then(|| {
@@ -491,7 +498,8 @@ impl Scenario {
             } else if last_seen.2.elapsed() > Duration::from_secs(120) {
                 let tails = tails(&workers);
                 bail!(
-                    "no progress for 120 s: {queued} messages waiting on the transport, {outboxed} in the outbox; the workers said:\n{}\nand upstream:\n{}",
+                    "no progress for 120 s: {deliveries} deliveries and {effects} effects in the data, {queued} messages waiting on the transport, {outboxed} in the outbox, {}; the workers said:\n{}\nand upstream:\n{}",
+                    if upstream.done() { "everything published" } else { "still publishing" },
                     tails.join("\n"),
                     upstream.tails().join("\n")
                 );
@@ -561,7 +569,7 @@ impl Scenario {
             schema: self.faults.contains(&FaultClass::Schema).then_some((
                 counts.schema_breaks,
                 schema_pauses,
-                worker_exits,
+                schema_exits,
             )),
             relay: outbox_left.map(|left| checker::Upstream {
                 relay_kills: counts.relay_kills,

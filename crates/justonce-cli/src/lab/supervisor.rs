@@ -284,6 +284,17 @@ impl Worker {
         )
     }
 
+    /// Whether the last thing it said before it exited was about the schema (a table that
+    /// does not exist): an exit the schema fault must never cause. An exit for any other
+    /// reason (it could not connect during a cut or a partition) is a restart a
+    /// supervisor makes, not a schema failure.
+    pub(crate) fn exited_on_schema(&self) -> bool {
+        let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().rev().take(2).any(|l| {
+            l.contains("kind=schema") || l.contains("does not exist") || l.contains("doesn't exist")
+        })
+    }
+
     pub(crate) fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         *self.metrics.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -361,4 +372,42 @@ fn send_signal(target: &str, name: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn exited(script: &str) -> Worker {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        let (marks, _) = mpsc::unbounded_channel();
+        let mut w = Worker::start(cmd, "test", 0, 0, None, marks, Arc::default()).unwrap();
+        w.child.wait().await.unwrap();
+        // The reader task takes the last lines after the exit.
+        for _ in 0..100 {
+            if !w.tail.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        w
+    }
+
+    /// A worker that could not connect during a cut is restarted, not counted against
+    /// the schema fault; one whose last words were a missing table is (a NATS lab line
+    /// failed with "2 workers exited instead of pausing" for two exits of the first kind).
+    #[tokio::test]
+    async fn only_an_exit_on_a_missing_table_is_the_schema_faults() {
+        let net = exited(
+            "echo 'paused: kind=schema relation x does not exist' >&2; \
+             echo 'ready' >&2; echo 'ok' >&2; \
+             echo 'error: cannot connect to NATS at nats://127.0.0.1:1: IO error' >&2; exit 1",
+        )
+        .await;
+        assert!(!net.exited_on_schema());
+        let schema =
+            exited("echo 'error: relation \"jo_lab_accounts\" does not exist' >&2; exit 1").await;
+        assert!(schema.exited_on_schema());
+    }
 }

@@ -5,12 +5,11 @@
 //! producer right after one of its commits, and each is started again.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
-use tokio::process::{Child, Command};
+use anyhow::bail;
+use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::protocol::LabPoint;
@@ -44,26 +43,27 @@ pub(crate) struct UpstreamSpec<'a> {
 
 /// The running upstream of a scenario.
 pub(crate) enum Upstream {
-    Publisher { child: Child, done: bool },
+    Publisher { child: Box<Worker>, done: bool },
     Outbox(Box<Relayed>),
 }
 
 impl Upstream {
     /// Starts a publisher process.
+    /// Starts a publisher process; what it says on stderr is kept for an error message.
     pub(crate) fn publisher(s: &UpstreamSpec<'_>) -> anyhow::Result<Self> {
-        let child = Command::new(s.exe)
-            .args(["publish", "--transport", s.transport, "--queue", s.queue])
+        let mut cmd = Command::new(s.exe);
+        cmd.args(["publish", "--transport", s.transport, "--queue", s.queue])
             .args(["--messages", &s.messages.to_string()])
             .args(["--seed", &s.seed.to_string()])
             .args(["--chunk", &s.pace.0.to_string()])
             .args(["--pace-ms", &s.pace.1.as_millis().to_string()])
-            .args(&s.topology)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start the publisher process")?;
-        Ok(Upstream::Publisher { child, done: false })
+            .args(&s.topology);
+        let (marks, _) = mpsc::unbounded_channel();
+        let child = Worker::start(cmd, "publisher", 0, 0, None, marks, Arc::default())?;
+        Ok(Upstream::Publisher {
+            child: Box::new(child),
+            done: false,
+        })
     }
 
     /// Starts the producer and the relays of the `relay` class; `kills` relays die at
@@ -106,9 +106,14 @@ impl Upstream {
         match self {
             Upstream::Publisher { child, done } => {
                 if !*done {
-                    if let Ok(Some(status)) = child.try_wait() {
+                    if let Ok(Some(status)) = child.child.try_wait() {
                         if !status.success() {
-                            bail!("the publisher process failed ({status})");
+                            // Its last lines come in once its stderr is read to the end.
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            bail!(
+                                "the publisher process failed ({status}); it said:\n{}",
+                                child.tail()
+                            );
                         }
                         *done = true;
                     }
@@ -131,7 +136,7 @@ impl Upstream {
     pub(crate) async fn stop(&mut self) {
         match self {
             Upstream::Publisher { child, .. } => {
-                let _ = child.start_kill();
+                let _ = child.child.start_kill();
             }
             Upstream::Outbox(r) => {
                 if let Some(p) = &mut r.producer {
@@ -147,7 +152,7 @@ impl Upstream {
     /// The last stderr lines of the relays and the producer.
     pub(crate) fn tails(&self) -> Vec<String> {
         match self {
-            Upstream::Publisher { .. } => Vec::new(),
+            Upstream::Publisher { child, .. } => vec![child.tail()],
             Upstream::Outbox(r) => super::supervisor::tails(&r.relays)
                 .into_iter()
                 .chain(r.producer.iter().map(Worker::tail))

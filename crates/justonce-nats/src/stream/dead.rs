@@ -63,7 +63,7 @@ pub(super) async fn advisories(inner: Weak<Inner>, mut sub: async_nats::Subscrib
             continue;
         };
         if let Err(e) = reconcile(&i, a.stream_seq, a.deliveries).await {
-            warn!(error = %e, seq = a.stream_seq, "dead-lettering a message that reached max_deliver failed; the next worker to start or hear of it tries again");
+            warn!(error = %e.to_chain_string(), seq = a.stream_seq, "dead-lettering a message that reached max_deliver failed; the next worker to start or hear of it tries again");
         }
     }
 }

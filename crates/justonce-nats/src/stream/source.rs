@@ -357,7 +357,13 @@ impl NatsStream {
     async fn release_one(&self, t: &Token) -> Result<()> {
         let i = &self.inner;
         let Some(m) = i.stored(&i.opts.stream, t.stream_seq).await? else {
-            return Ok(());
+            // Gone from the stream since it was delivered: nothing to copy, but the
+            // delivery is settled, so that the consumer does not keep it pending for a
+            // message it can no longer deliver (nats-server before 2.10.25 keeps such a
+            // sequence for redelivery, counts it to max_deliver and holds its ack floor).
+            return self
+                .settle_one("+ACK", t.reply.clone(), Bytes::from_static(b"+ACK"))
+                .await;
         };
         let d = codec::decode(Some(&m.headers), &m.payload);
         let dedup = format!(
