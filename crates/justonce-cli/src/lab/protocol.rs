@@ -156,13 +156,24 @@ pub(crate) enum Said {
     Other,
 }
 
+/// What the consumer logs with a batch it handed back on a schema error.
+const SCHEMA_KIND: &str = "kind=schema";
+
+/// Whether a worker's stderr line is about the schema: the consumer's pause on it
+/// (`kind=schema`), or the database's word for a missing table (PostgreSQL's "does not
+/// exist", MariaDB's "doesn't exist") in an error a worker exits with.
+pub(crate) fn about_schema(line: &str) -> bool {
+    line.contains(SCHEMA_KIND) || line.contains("does not exist") || line.contains("doesn't exist")
+}
+
 /// Reads one stderr line of a worker.
 pub(crate) fn said(line: &str) -> Said {
     if line.starts_with(AT_FAULT_POINT) {
         Said::AtFaultPoint
     } else if line.starts_with(READY) {
         Said::Ready
-    } else if line.contains("kind=schema") {
+    } else if line.contains(SCHEMA_KIND) {
+        // The consumer's own line for a batch handed back on the schema: it pauses.
         Said::SchemaPause
     } else {
         Said::Other

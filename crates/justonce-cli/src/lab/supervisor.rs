@@ -185,7 +185,7 @@ impl Worker {
             let name = format!("{}-{slot}-{generation}.log", what.replace(' ', "-"));
             std::fs::File::create(std::path::Path::new(&dir).join(name)).ok()
         });
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(f) = keep.as_mut() {
@@ -222,10 +222,23 @@ impl Worker {
             generation,
             kill_point: kill.map(|(p, _)| p),
             tail,
+            reader,
             metrics,
             group: false,
             killed: false,
         })
+    }
+
+    /// Starts `cmd` (the publisher, a user's command) with no fault point: nothing it says
+    /// is acted on, its last lines are kept.
+    pub(crate) fn start_plain(
+        cmd: Command,
+        what: &str,
+        slot: usize,
+        generation: u64,
+    ) -> anyhow::Result<Worker> {
+        let (marks, _) = mpsc::unbounded_channel();
+        Worker::start(cmd, what, slot, generation, None, marks, Arc::default())
     }
 
     /// Starts `cmd` (a user's command under `sh -c`, which may fork) as a process group of
@@ -238,8 +251,7 @@ impl Worker {
         generation: u64,
     ) -> anyhow::Result<Worker> {
         cmd.process_group(0);
-        let (marks, _) = mpsc::unbounded_channel();
-        let mut w = Worker::start(cmd, what, slot, generation, None, marks, Arc::default())?;
+        let mut w = Worker::start_plain(cmd, what, slot, generation)?;
         w.group = true;
         Ok(w)
     }
@@ -265,6 +277,8 @@ pub(crate) struct Worker {
     pub(crate) generation: u64,
     pub(crate) kill_point: Option<LabPoint>,
     tail: Arc<Mutex<Vec<String>>>,
+    /// The task reading its stderr into `tail`; it ends at the process's last line.
+    reader: tokio::task::JoinHandle<()>,
     /// Where it serves its metrics, once it has said so.
     metrics: Arc<Mutex<Option<std::net::SocketAddr>>>,
     /// Its signals go to its process group ([`Worker::start_group`]).
@@ -284,15 +298,23 @@ impl Worker {
         )
     }
 
+    /// The last lines of a process that exited, once its stderr is read to the end (at
+    /// most a second after the exit).
+    pub(crate) async fn last_words(&mut self) -> String {
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.reader).await;
+        self.tail()
+    }
+
     /// Whether the last thing it said before it exited was about the schema (a table that
     /// does not exist): an exit the schema fault must never cause. An exit for any other
     /// reason (it could not connect during a cut or a partition) is a restart a
     /// supervisor makes, not a schema failure.
     pub(crate) fn exited_on_schema(&self) -> bool {
         let t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        t.iter().rev().take(2).any(|l| {
-            l.contains("kind=schema") || l.contains("does not exist") || l.contains("doesn't exist")
-        })
+        t.iter()
+            .rev()
+            .take(2)
+            .any(|l| super::protocol::about_schema(l))
     }
 
     pub(crate) fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
@@ -342,6 +364,8 @@ impl Worker {
     /// SIGTERM: finish the batch in flight, commit, ack, exit; SIGKILL after 15 s.
     pub(crate) async fn terminate(&mut self) {
         if let Some(t) = self.target() {
+            // A paused worker takes its SIGTERM only once it runs again.
+            send_signal(&t, "CONT");
             send_signal(&t, "TERM");
         }
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
@@ -381,16 +405,9 @@ mod tests {
     async fn exited(script: &str) -> Worker {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", script]);
-        let (marks, _) = mpsc::unbounded_channel();
-        let mut w = Worker::start(cmd, "test", 0, 0, None, marks, Arc::default()).unwrap();
+        let mut w = Worker::start_plain(cmd, "test", 0, 0).unwrap();
         w.child.wait().await.unwrap();
-        // The reader task takes the last lines after the exit.
-        for _ in 0..100 {
-            if !w.tail.lock().unwrap().is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        w.last_words().await;
         w
     }
 

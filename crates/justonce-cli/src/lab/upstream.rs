@@ -48,7 +48,6 @@ pub(crate) enum Upstream {
 }
 
 impl Upstream {
-    /// Starts a publisher process.
     /// Starts a publisher process; what it says on stderr is kept for an error message.
     pub(crate) fn publisher(s: &UpstreamSpec<'_>) -> anyhow::Result<Self> {
         let mut cmd = Command::new(s.exe);
@@ -58,8 +57,7 @@ impl Upstream {
             .args(["--chunk", &s.pace.0.to_string()])
             .args(["--pace-ms", &s.pace.1.as_millis().to_string()])
             .args(&s.topology);
-        let (marks, _) = mpsc::unbounded_channel();
-        let child = Worker::start(cmd, "publisher", 0, 0, None, marks, Arc::default())?;
+        let child = Worker::start_plain(cmd, "publisher", 0, 0)?;
         Ok(Upstream::Publisher {
             child: Box::new(child),
             done: false,
@@ -108,11 +106,9 @@ impl Upstream {
                 if !*done {
                     if let Ok(Some(status)) = child.child.try_wait() {
                         if !status.success() {
-                            // Its last lines come in once its stderr is read to the end.
-                            tokio::time::sleep(Duration::from_millis(200)).await;
                             bail!(
                                 "the publisher process failed ({status}); it said:\n{}",
-                                child.tail()
+                                child.last_words().await
                             );
                         }
                         *done = true;

@@ -294,8 +294,7 @@ impl<'a> UserLab<'a> {
                 .arg(format!("exec 1>&2\n{}", self.command))
                 .env("JUSTONCE_TRANSPORT_URL", &worker_transport)
                 .env("JUSTONCE_STORE_URL", &worker_store)
-                .env("JUSTONCE_WORKER", slot.to_string())
-                .process_group(0);
+                .env("JUSTONCE_WORKER", slot.to_string());
             Worker::start_group(cmd, "user worker", slot, generation)
         };
         // Dropped on any way out, each still-running group is killed with its worker.

@@ -121,7 +121,7 @@ impl Inspect for RedisStream {
     async fn pending(&self) -> Result<u64> {
         let o = &self.inner.opts;
         let mut conn = self.inner.conn.clone();
-        let main = group_counts(&mut conn, &o.stream, &o.group).await?;
+        let main = group_counts(&mut conn, &self.inner.scripts.count, &o.stream, &o.group).await?;
         let retry: u64 = redis::cmd("XLEN")
             .arg(o.retry_key())
             .query_async(&mut conn)
@@ -254,14 +254,19 @@ const COUNTED: u64 = 1000;
 /// A group's undelivered and pending entries on a stream.
 ///
 /// The undelivered entries (those after the group's last delivered one) are counted in
-/// Redis, up to [`COUNTED`]: exact for a group near or at the end of its stream. Past that
+/// Redis (`stream_count.lua`), up to [`COUNTED`]: exact for a group near or at the end of its stream. Past that
 /// the count is Redis's `lag` (entries added less the group's `entries-read`), which is
 /// only an estimate: a Redis 7.0 restarted from an append-only file rewritten mid-run takes
 /// `entries-read` back to its value at the rewrite, and a drained group of the lab's soak
 /// kept a `lag` of 236,005 on an empty stream (docs/reliability.md). So the estimate is
 /// bounded by the stream's length less its pending entries (every pending entry is still
 /// in the stream: trims stop at the first pending one).
-async fn group_counts(conn: &mut ConnectionManager, stream: &str, group: &str) -> Result<u64> {
+async fn group_counts(
+    conn: &mut ConnectionManager,
+    count: &redis::Script,
+    stream: &str,
+    group: &str,
+) -> Result<u64> {
     let groups: Value = redis::cmd("XINFO")
         .arg("GROUPS")
         .arg(stream)
@@ -279,14 +284,13 @@ async fn group_counts(conn: &mut ConnectionManager, stream: &str, group: &str) -
         .get("last-delivered-id")
         .cloned()
         .unwrap_or_else(|| "0-0".into());
-    let counted: u64 =
-        redis::Script::new("return #redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])")
-            .key(stream)
-            .arg(format!("({last}"))
-            .arg(COUNTED)
-            .invoke_async(conn)
-            .await
-            .map_err(|e| redis("counting undelivered entries", e))?;
+    let counted: u64 = count
+        .key(stream)
+        .arg(format!("({last}"))
+        .arg(COUNTED)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| redis("counting undelivered entries", e))?;
     if counted < COUNTED {
         return Ok(counted + pending);
     }

@@ -61,6 +61,8 @@ struct Scripts {
     settle: Script,
     touch: Script,
     trim: Script,
+    /// Entries after an id, counted in Redis (`Inspect::pending`).
+    count: Script,
 }
 
 struct Inner {
@@ -185,12 +187,14 @@ impl RedisStream {
                 include_str!("../lua/stream_ids.lua"),
                 include_str!("../lua/stream_trim.lua")
             )),
+            count: Script::new(include_str!("../lua/stream_count.lua")),
         };
         for s in [
             &scripts.ready,
             &scripts.settle,
             &scripts.touch,
             &scripts.trim,
+            &scripts.count,
         ] {
             s.load_async(&mut conn)
                 .await
