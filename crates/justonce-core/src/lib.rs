@@ -50,9 +50,9 @@ pub use inspect_store::{
 pub use machine::{Cas, StateMachine, Transition};
 pub use message::{Fingerprint, Headers, Message, MessageId, MAX_MESSAGE_ID_BYTES};
 pub use outbox::{
-    check_outgoing, outgoing_id, DeadOutboxRow, InspectOutbox, OutboxFailure, OutboxOwner,
-    OutboxRow, OutboxStats, OutboxStore, DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD,
-    OUTGOING_ID_NAMESPACE,
+    check_outgoing, outgoing_id, DeadOutboxRow, InspectOutbox, OutboxFailure, OutboxMove,
+    OutboxOwner, OutboxRow, OutboxStats, OutboxStore,
+    DEFAULT_MAX_PAYLOAD as DEFAULT_OUTBOX_MAX_PAYLOAD, OUTGOING_ID_NAMESPACE,
 };
 pub use positions::{Position, Positions, PositionsIn};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};

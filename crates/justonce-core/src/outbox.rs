@@ -195,6 +195,22 @@ impl DeadOutboxRow {
     }
 }
 
+/// A queue in the outbox's own database that its rows move into, each batch in one
+/// transaction of that database: a row leaves the outbox exactly when it enters the queue,
+/// so there is no publish to confirm, no lease to run out and no duplicate to absorb. A
+/// relay built with `Relay::moving` (crate `justonce`) runs it instead of publishing; the
+/// PostgreSQL outbox moves into a PostgreSQL queue of its database
+/// (`PgOutbox::mover_into`, crate `justonce-sql`).
+///
+/// Rows move under the rules of [`OutboxStore::take`]: due, not leased, not dead, and a
+/// key's rows only as a run from its first, so a key's rows enter the queue in their
+/// outbox order, and movers and publishing relays can run side by side.
+#[async_trait]
+pub trait OutboxMove: Send + Sync + 'static {
+    /// Moves up to `max` rows into the queue, in one transaction; answers how many.
+    async fn move_rows(&self, max: usize) -> Result<usize>;
+}
+
 /// An outbox seen by the operator's tools (`justonce outbox`): object-safe, whatever the
 /// store's transaction type.
 #[async_trait]

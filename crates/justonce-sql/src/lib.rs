@@ -53,8 +53,8 @@ pub use outbox::{OutboxOptions, SqlOutbox};
 pub use positions::SqlPositions;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PgClaimStore, PgOutbox, PgQueue, PgQueueOptions, PgStateGuard, PgStore, PgStoreOptions, PgTx,
-    PgVersionGuard,
+    PgClaimStore, PgOutbox, PgOutboxMove, PgQueue, PgQueueOptions, PgStateGuard, PgStore,
+    PgStoreOptions, PgTx, PgVersionGuard,
 };
 pub use queue::{DeadLetter, QueueStats};
 pub use sqlite::{

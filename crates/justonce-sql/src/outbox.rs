@@ -154,7 +154,9 @@ pub(crate) struct OutboxSql {
 /// # Ok(()) }
 /// ```
 pub struct SqlOutbox<DB: sqlx::Database> {
-    pool: sqlx::Pool<DB>,
+    pub(crate) pool: sqlx::Pool<DB>,
+    /// The table, a validated identifier.
+    pub(crate) table: Arc<str>,
     sql: Arc<OutboxSql>,
     max_payload: usize,
     wake: Arc<dyn Wake>,
@@ -164,6 +166,7 @@ impl<DB: sqlx::Database> Clone for SqlOutbox<DB> {
     fn clone(&self) -> Self {
         SqlOutbox {
             pool: self.pool.clone(),
+            table: self.table.clone(),
             sql: self.sql.clone(),
             max_payload: self.max_payload,
             wake: self.wake.clone(),
@@ -188,6 +191,7 @@ impl<DB: sqlx::Database> SqlOutbox<DB> {
     ) -> Self {
         SqlOutbox {
             pool,
+            table: opts.table.as_str().into(),
             sql: Arc::new(sql),
             max_payload: opts.max_payload_bytes,
             wake,

@@ -106,9 +106,10 @@ pub use justonce_core::{
     ClaimStore, ConsumerRecords, DeadLetter, DeadLetterEntry, DeadLetterReason, DeadOutboxRow,
     DedupKey, DedupRecord, DedupStore, Delivery, Disposition, Error, ErrorKind, ExponentialBackoff,
     FailureGroup, Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectOutbox,
-    InspectStore, Message, MessageId, OutboxFailure, OutboxOwner, OutboxRow, OutboxStats,
-    OutboxStore, Position, Positions, PositionsIn, Publisher, Receipt, Replay, Result, Semantics,
-    Source, StateMachine, Store, TransactionalAck, Transition, DEFAULT_OUTBOX_MAX_PAYLOAD,
+    InspectStore, Message, MessageId, OutboxFailure, OutboxMove, OutboxOwner, OutboxRow,
+    OutboxStats, OutboxStore, Position, Positions, PositionsIn, Publisher, Receipt, Replay, Result,
+    Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    DEFAULT_OUTBOX_MAX_PAYLOAD,
 };
 pub use shutdown::shutdown_signal;
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use justonce::backend::StoreKind;
 use justonce::relay::{Relay, RelayOptions};
-use justonce::sql::{MySqlStore, PgStore, SqliteStore};
+use justonce::sql::{MySqlStore, PgOutbox, PgStore, SqliteStore};
 use justonce::{Message, OutboxStore};
 use serde::Serialize;
 
@@ -56,6 +56,10 @@ pub(crate) struct BenchArgs {
     /// Also enqueue this many messages while the relay runs, and report the table after.
     #[arg(long, default_value_t = 0)]
     soak: usize,
+    /// Relay by publishing even into a PostgreSQL queue in the outbox's database (where
+    /// the relay otherwise moves the rows in one transaction).
+    #[arg(long)]
+    publish: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -71,6 +75,9 @@ struct Report {
     batch: usize,
     relay_batch: usize,
     concurrency: usize,
+    /// How the relay sent the rows: `publish`, or `move` (into a PostgreSQL queue in the
+    /// outbox's database, a batch a transaction).
+    relay_mode: &'static str,
     /// Messages per second of each round.
     direct: Vec<f64>,
     relay: Vec<f64>,
@@ -141,9 +148,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 fn table(r: &Report) -> String {
     let mut out = format!(
-        "justonce outbox bench: transport {}, store {}, {} messages, batch {} (relay {}), \
-         concurrency {}\n\n",
-        r.transport, r.store, r.messages, r.batch, r.relay_batch, r.concurrency
+        "justonce outbox bench: transport {}, store {}, {} messages, batch {} (relay {}, \
+         {}), concurrency {}\n\n",
+        r.transport, r.store, r.messages, r.batch, r.relay_batch, r.relay_mode, r.concurrency
     );
     out += &format!(
         "throughput (msg/s, median of {} interleaved rounds): direct {:.0}, relay {:.0}; \
@@ -204,6 +211,20 @@ async fn run_on<B: Bank>(
     let tables = Tables::new(&format!("jo_obench_{run}"))?;
     let store = B::open(store_url, &tables).await?;
     let outbox = store.outbox(&tables).await?;
+    let relay_mode = {
+        let any: &dyn std::any::Any = &outbox;
+        let queue = format!("jo-obench-{run}-latency");
+        match any.downcast_ref::<PgOutbox>() {
+            Some(pg)
+                if super::mover(pg, transport, &queue, args.publish)
+                    .await?
+                    .is_some() =>
+            {
+                "move"
+            }
+            _ => "publish",
+        }
+    };
     let bar = crate::demo::progress_bar(args.json, (args.rounds * 2) as u64, "rounds");
     let (mut direct, mut relay) = (Vec::new(), Vec::new());
     for r in 0..args.rounds {
@@ -222,7 +243,8 @@ async fn run_on<B: Bank>(
             let rate = if is_direct {
                 publish_direct(&bus, &msgs, args).await?
             } else {
-                drain_by_relay(&store, &outbox, &tables.outbox, &bus, &msgs, args).await?
+                let at = (&bus, transport, queue.as_str());
+                drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args).await?
             };
             bus.cleanup().await?;
             if is_direct {
@@ -248,6 +270,7 @@ async fn run_on<B: Bank>(
         messages: args.messages,
         batch: args.batch,
         relay_batch: args.relay_batch(),
+        relay_mode,
         concurrency: args.concurrency,
         direct_median: median(direct.clone()),
         relay_median: median(relay.clone()),
@@ -289,18 +312,30 @@ async fn publish_direct(bus: &Bus, msgs: &[Message], args: &BenchArgs) -> anyhow
     Ok(msgs.len() as f64 / started.elapsed().as_secs_f64())
 }
 
-fn relay_of<O: OutboxStore + Clone>(
+/// A relay of `outbox` into `queue` at `transport` (opened as `bus`): one that moves the
+/// rows when the queue is a PostgreSQL queue in the outbox's database (unless
+/// `--publish`), one that publishes them otherwise.
+async fn relay_of<O: OutboxStore + Clone>(
     outbox: &O,
     bus: &Bus,
+    (transport, queue): (&str, &str),
+    opts: RelayOptions,
     args: &BenchArgs,
 ) -> anyhow::Result<Relay<O>> {
-    Ok(Relay::new(
-        outbox.clone(),
-        bus.publisher(),
-        RelayOptions::default()
-            .batch(args.relay_batch())
-            .concurrency(args.concurrency),
-    )?)
+    let any: &dyn std::any::Any = outbox;
+    if let Some(pg) = any.downcast_ref::<PgOutbox>() {
+        if let Some(mover) = super::mover(pg, transport, queue, args.publish).await? {
+            return Ok(Relay::moving(outbox.clone(), mover, opts)?);
+        }
+    }
+    Ok(Relay::new(outbox.clone(), bus.publisher(), opts)?)
+}
+
+/// The relay of the throughput runs and the soak.
+fn busy_relay(args: &BenchArgs) -> RelayOptions {
+    RelayOptions::default()
+        .batch(args.relay_batch())
+        .concurrency(args.concurrency)
 }
 
 /// Commits `msgs` to the outbox (untimed), then times a relay draining them; msg/s.
@@ -308,7 +343,7 @@ async fn drain_by_relay<B: Bank>(
     store: &B,
     outbox: &B::Outbox,
     outbox_table: &str,
-    bus: &Bus,
+    (bus, transport, queue): (&Bus, &str, &str),
     msgs: &[Message],
     args: &BenchArgs,
 ) -> anyhow::Result<f64> {
@@ -319,8 +354,9 @@ async fn drain_by_relay<B: Bank>(
         }
         store.commit(tx).await?;
     }
+    let relay = relay_of(outbox, bus, (transport, queue), busy_relay(args), args).await?;
     let started = Instant::now();
-    let running = relay_of(outbox, bus, args)?.spawn();
+    let running = relay.spawn();
     // The first row, by its key, every 5 ms; the count only once that is gone. A count
     // scans the table: 40 a second took a fifth of the machine's CPU from the relay it
     // timed (51 against 65 µs of CPU a message on PostgreSQL).
@@ -410,11 +446,8 @@ async fn latency<B: Bank>(
     let publisher = Bus::open_publisher(transport, &queue, &args.topology).await?;
     let (seen, receiving) = arrivals(consumer.clone());
     // An idle relay: its poll is a second, so only a wake-up delivers fast.
-    let relay = Relay::new(
-        outbox.clone(),
-        publisher.publisher(),
-        RelayOptions::default().concurrency(1),
-    )?;
+    let idle = RelayOptions::default().concurrency(1);
+    let relay = relay_of(outbox, &publisher, (transport, queue.as_str()), idle, args).await?;
     let running = relay.spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (mut direct, mut through) = (Vec::new(), Vec::new());
@@ -460,7 +493,10 @@ async fn soak<B: Bank>(
     )
     .await?;
     let (_seen, receiving) = arrivals(bus.clone());
-    let running = relay_of(outbox, &bus, args)?.spawn();
+    let at = (transport, queue.as_str());
+    let running = relay_of(outbox, &bus, at, busy_relay(args), args)
+        .await?
+        .spawn();
     let bar = crate::demo::progress_bar(args.json, args.soak as u64, "soak");
     let started = Instant::now();
     let mut producers: tokio::task::JoinSet<justonce::Result<()>> = tokio::task::JoinSet::new();

@@ -7,10 +7,10 @@ mod bench;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use justonce::backend::StoreKind;
+use justonce::backend::{StoreKind, TransportKind};
 use justonce::relay::{Relay, RelayFaultHook, RelayFaultPoint, RelayOptions};
-use justonce::sql::{MySqlStore, PgStore, SqliteStore};
-use justonce::{InspectOutbox, OutboxRow, OutboxStore};
+use justonce::sql::{MySqlStore, PgOutbox, PgOutboxMove, PgQueue, PgStore, SqliteStore};
+use justonce::{ErrorKind, InspectOutbox, OutboxRow, OutboxStore};
 use serde_json::json;
 
 use crate::lab::protocol::{LabPoint, Pauser};
@@ -113,6 +113,11 @@ struct RelayArgs {
     /// Exit 0 once the outbox holds nothing to send.
     #[arg(long)]
     exit_when_drained: bool,
+    /// Publish the rows even when the transport is a PostgreSQL queue in the outbox's own
+    /// database, where the relay otherwise moves each batch from the outbox into the queue
+    /// in one transaction (no publish, no confirm, no duplicate).
+    #[arg(long)]
+    publish: bool,
     /// Serve Prometheus metrics (the `justonce_outbox_*` series) on `/metrics` here.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -141,7 +146,14 @@ pub(crate) async fn run(args: OutboxArgs) -> anyhow::Result<()> {
             }
             StoreKind::Postgres => {
                 let store = PgStore::open(&args.at.store).await?;
-                relay(store.outbox_with(table(&args.at)).await?, &args).await
+                let outbox = store.outbox_with(table(&args.at)).await?;
+                match mover(&outbox, &args.transport, &args.queue, args.publish).await? {
+                    Some(mover) => {
+                        let relay = Relay::moving(outbox, mover, relay_options(&args))?;
+                        run_relay(relay, &args).await
+                    }
+                    None => relay(outbox, &args).await,
+                }
             }
             StoreKind::MySql => {
                 let store = MySqlStore::open(&args.at.store).await?;
@@ -247,23 +259,52 @@ impl RelayFaultHook for PauseAt {
     }
 }
 
-async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()> {
-    if let Some(addr) = args.metrics_addr {
-        crate::serve::serve(addr, Arc::new(|| Ok(()))).await?;
+/// The mover of a PostgreSQL outbox into the queue at `transport`, when that is a
+/// PostgreSQL queue of the outbox's own database and `--publish` was not given.
+pub(crate) async fn mover(
+    outbox: &PgOutbox,
+    transport: &str,
+    queue: &str,
+    publish: bool,
+) -> anyhow::Result<Option<PgOutboxMove>> {
+    if publish || TransportKind::from_url(transport)? != TransportKind::Postgres {
+        return Ok(None);
     }
-    let bus = crate::bus::Bus::open_publisher(&args.transport, &args.queue, &args.topology).await?;
+    let queue = PgQueue::open(transport, queue).await?;
+    match outbox.mover_into(&queue).await {
+        Ok(mover) => Ok(Some(mover)),
+        Err(e) if e.kind() == ErrorKind::Config => {
+            tracing::info!(reason = %e, "the relay publishes");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn relay_options(args: &RelayArgs) -> RelayOptions {
     let lease = Duration::from_millis(args.lease_ms);
-    let opts = RelayOptions::default()
+    RelayOptions::default()
         .batch(args.batch)
         .concurrency(args.concurrency)
         .lease(lease)
         .publish_timeout(lease / 3)
         .max_attempts(args.max_attempts)
         .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
-        .name(args.at.table.clone());
-    let mut relay = Relay::new(outbox, bus.publisher(), opts)?;
+        .name(args.at.table.clone())
+}
+
+async fn relay<O: OutboxStore>(outbox: O, args: &RelayArgs) -> anyhow::Result<()> {
+    let bus = crate::bus::Bus::open_publisher(&args.transport, &args.queue, &args.topology).await?;
+    let mut relay = Relay::new(outbox, bus.publisher(), relay_options(args))?;
     if let Some(pauser) = Pauser::from_env()? {
         relay = relay.with_fault_hook(Arc::new(PauseAt(pauser)));
+    }
+    run_relay(relay, args).await
+}
+
+async fn run_relay<O: OutboxStore>(relay: Relay<O>, args: &RelayArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        crate::serve::serve(addr, Arc::new(|| Ok(()))).await?;
     }
     if args.exit_when_drained {
         loop {

@@ -160,3 +160,40 @@ fn outbox_bench_measures_both_sides_and_the_soak_leaves_the_table_empty() {
     assert_eq!(v["soak"]["messages"], 500, "{v}");
     assert_eq!(v["soak"]["rows_left"], 0, "every soaked message sent: {v}");
 }
+
+/// A PostgreSQL outbox relayed into a PostgreSQL queue of its own database moves its rows
+/// (one transaction a batch) unless told to publish; both drain the same messages.
+#[test]
+fn outbox_bench_moves_into_a_postgres_queue_of_its_database_unless_told_to_publish() {
+    let Some(url) = crate::demo::postgres_url() else {
+        return;
+    };
+    for (extra, mode) in [(None, "move"), (Some("--publish"), "publish")] {
+        let mut args = vec![
+            "outbox",
+            "bench",
+            "--store",
+            &url,
+            "--transport",
+            &url,
+            "--messages",
+            "300",
+            "--rounds",
+            "1",
+            "--latency-samples",
+            "3",
+            "--json",
+        ];
+        args.extend(extra);
+        let out = justonce(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["relay_mode"], mode, "{v}");
+        assert!(v["relay"][0].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["latency_outbox_p50_ms"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}

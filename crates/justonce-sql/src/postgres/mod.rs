@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 pub use claims::PgClaimStore;
 pub use guard::{PgStateGuard, PgVersionGuard};
-pub use outbox::PgOutbox;
+pub use outbox::{PgOutbox, PgOutboxMove};
 pub use queue::{PgQueue, PgQueueOptions};
 pub use store::{PgStore, PgStoreOptions, PgTx};
 

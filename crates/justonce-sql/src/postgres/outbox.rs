@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use justonce_core::{validate_identifier, Result};
+use justonce_core::{validate_identifier, Error, OutboxMove, Result};
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{Notify, OnceCell};
 
-use super::{listen, AbortOnDrop, PgStore};
+use super::{listen, AbortOnDrop, PgQueue, PgStore};
 use crate::outbox::{OutboxOptions, OutboxSql, SqlOutbox, TakeSql, Wake};
 
 /// The channel enqueues notify on; the payload is the outbox table's name.
@@ -74,6 +74,100 @@ impl PgStore {
     }
 }
 
+impl PgOutbox {
+    /// Moves this outbox's rows into `queue`, a PostgreSQL queue in the outbox's own
+    /// database ([`OutboxMove`]): a relay built with `Relay::moving` (crate `justonce`)
+    /// then takes, enqueues and deletes each batch in one transaction, with no publish to
+    /// confirm and no duplicate, where a publishing relay would lease, publish, wait for
+    /// the commit of the queue's transaction and mark. Fails with a configuration error
+    /// when the queue's table is not one of this database: rows moved into a table no
+    /// consumer reads would be lost to it.
+    ///
+    /// ```no_run
+    /// # async fn run() -> justonce_core::Result<()> {
+    /// use justonce_core::OutboxMove;
+    /// use justonce_sql::{PgQueue, PgStore};
+    ///
+    /// let url = "postgres://app@127.0.0.1:5432/shop";
+    /// let store = PgStore::open(url).await?;
+    /// let receipts = PgQueue::open(url, "receipts").await?;
+    /// let mover = store.outbox().await?.mover_into(&receipts).await?;
+    /// let moved = mover.move_rows(500).await?; // or Relay::moving(outbox, mover, opts)
+    /// # Ok(()) }
+    /// ```
+    pub async fn mover_into(&self, queue: &PgQueue) -> Result<PgOutboxMove> {
+        let ours = database_of(&self.pool).await?;
+        let theirs = database_of(queue.pool()).await?;
+        if ours != theirs {
+            return Err(Error::config(format!(
+                "the queue `{}` is not in the outbox's database ({theirs} against {ours}): \
+                 relay its rows by publishing (`Relay::new`)",
+                queue.name()
+            )));
+        }
+        let t = &self.table;
+        let channel = super::queue::CHANNEL;
+        Ok(PgOutboxMove {
+            pool: self.pool.clone(),
+            queue: queue.name().to_owned(),
+            sql: Arc::new(format!(
+                "WITH {runs},
+                     moved AS (
+                         DELETE FROM {t} WHERE seq = ANY (ARRAY({chosen}))
+                         RETURNING seq, message_id, payload, headers, content_type),
+                     queued AS (
+                         INSERT INTO jo_queue (queue, message_id, payload, headers, content_type)
+                         SELECT $1, message_id, payload, headers, content_type
+                         FROM moved ORDER BY seq
+                         RETURNING 1)
+                 SELECT n, CASE WHEN n > 0 THEN pg_notify('{channel}', $1)::text END
+                 FROM (SELECT count(*) AS n FROM queued) c",
+                runs = runs(t, "$2", "ARRAY[]::bigint[]"),
+                chosen = CHOSEN,
+            )),
+        })
+    }
+}
+
+/// Which database a pool is on: its name, the server's start and port, and the `jo_queue`
+/// table it sees (the queue's, or none yet).
+async fn database_of(pool: &PgPool) -> Result<String> {
+    let (name,): (String,) = sqlx::query_as(
+        "SELECT current_database() || ' (' || coalesce(inet_server_port()::text, 'socket')
+                || ', started ' || pg_postmaster_start_time()::text
+                || ', jo_queue ' || coalesce(to_regclass('jo_queue')::oid::text, 'missing') || ')'",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(name)
+}
+
+/// A PostgreSQL outbox's rows moving into a PostgreSQL queue of its database
+/// ([`PgOutbox::mover_into`]).
+#[derive(Debug, Clone)]
+pub struct PgOutboxMove {
+    pool: PgPool,
+    queue: String,
+    sql: Arc<String>,
+}
+
+#[async_trait]
+impl OutboxMove for PgOutboxMove {
+    /// One transaction: the rows (a take's) deleted from the outbox and inserted
+    /// into the queue in their outbox order, and the queue's consumers notified at the
+    /// commit.
+    async fn move_rows(&self, max: usize) -> Result<usize> {
+        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let (n, _): (i64, Option<String>) = sqlx::query_as(&self.sql)
+            .bind(&self.queue)
+            .bind(max as i64)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(n as usize)
+    }
+}
+
 /// Wakes relays on the `NOTIFY` an enqueueing transaction sends, which PostgreSQL
 /// delivers at its commit (and never if it rolls back). The listener starts at a relay's
 /// first wait, on a connection of the pool it keeps; a producer that only enqueues holds
@@ -112,6 +206,54 @@ impl Wake for Listen {
     }
 }
 
+/// A take's transaction: the plan uses the seq index, never a scan and a sort of the whole
+/// backlog. The planner cannot know how few rows are due (`clock_timestamp()`), and with
+/// 860,000 rows pending it sorted them all for a hundred: 570 ms a take. No JIT: a sort
+/// that is still needed (a move's hundred rows, in seq order) is then costed at 10^10,
+/// over `jit_above_cost`, and compiling the statement took 400 ms of a 1 ms move.
+const BEGIN: &str =
+    "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off; SET LOCAL jit = off";
+
+/// The seqs [`runs`] chose.
+const CHOSEN: &str = "SELECT c.seq FROM cand c LEFT JOIN gaps g ON g.okey = c.okey
+                      WHERE c.okey IS NULL OR g.gap IS NULL OR c.seq < g.gap";
+
+/// The CTEs `cand` and `gaps` of a take (or a move) of up to `max` rows, passing over the
+/// seqs of `gone` (an array expression: rows the same statement deletes); [`CHOSEN`]
+/// selects the rows they allow.
+///
+/// Takes run side by side. A key's rows go to the take that locks the key's first row in
+/// the table (whatever its state), and only as a run from it: `cand` locks the first `max`
+/// takeable rows (`SKIP LOCKED` passes over the rows another take, mark or release holds),
+/// and `gaps` finds, per key, its first row that `cand` does not hold (leased, waiting,
+/// dead, locked by another, or beyond the limit). Rows of the key from that gap on stay.
+/// This holds under READ COMMITTED where a per-key try-lock did not (see
+/// docs/dev/style.md): `gaps` reads the statement's snapshot, so a row another take leased
+/// or sent after it began is still there, a gap, and the key waits for the next take
+/// rather than overtaking it. `seq = ANY (ARRAY(…))`, not a join on the CTE: the planner
+/// hash-joined the whole table for a hundred rows (5 ms for 20,000 rows, against 1 ms by
+/// the index).
+fn runs(t: &str, max: &str, gone: &str) -> String {
+    let now = "clock_timestamp()";
+    format!(
+        "cand AS MATERIALIZED (
+             SELECT seq, okey FROM {t}
+             WHERE dead_reason IS NULL AND due_at <= {now}
+               AND (leased_until IS NULL OR leased_until <= {now})
+               AND seq <> ALL ({gone})
+             ORDER BY seq LIMIT {max}
+             FOR UPDATE SKIP LOCKED),
+         gaps AS MATERIALIZED (
+             SELECT k.okey,
+                    (SELECT e.seq FROM {t} e
+                     WHERE e.okey = k.okey
+                       AND e.seq <> ALL (ARRAY(SELECT seq FROM cand))
+                       AND e.seq <> ALL ({gone})
+                     ORDER BY e.seq LIMIT 1) AS gap
+             FROM (SELECT DISTINCT okey FROM cand WHERE okey IS NOT NULL) k)"
+    )
+}
+
 fn sql(t: &str) -> OutboxSql {
     let now = "clock_timestamp()";
     let ms = "* interval '1 millisecond'";
@@ -131,45 +273,18 @@ fn sql(t: &str) -> OutboxSql {
              SELECT $1::text, $2::text, $3::bytea, $4::text, $5::text
              FROM (SELECT pg_notify('{CHANNEL}', '{t}')) AS notified"
         ),
-        // Takes run side by side. A key's rows go to the take that locks the key's first
-        // row in the table (whatever its state), and only as a run from it: `cand` locks
-        // the first `max` takeable rows (`SKIP LOCKED` passes over the rows another take,
-        // mark or release holds), and `gaps` finds, per key, its first row that `cand`
-        // does not hold (leased, waiting, dead, locked by another, or beyond the limit).
-        // Rows of the key from that gap on stay. This holds under READ COMMITTED where a
-        // per-key try-lock did not (see docs/dev/style.md): `gaps` reads the statement's
-        // snapshot, so a row another take leased or sent after it began is still there,
-        // a gap, and the key waits for the next take rather than overtaking it.
-        // The sent rows (`$4`) are deleted by the same statement and count as gone.
-        // `BEGIN` sets the plan: the seq index, never a scan and a sort of the whole
-        // backlog. The planner cannot know how few rows are due (`clock_timestamp()`),
-        // and with 860,000 rows pending it sorted them all for a hundred: 570 ms a take.
-        // `seq = ANY (ARRAY(…))`, not a join on the CTE: the planner hash-joined the whole
-        // table for a hundred rows (5 ms for 20,000 rows, against 1 ms by the index).
+        // A take ([`runs`]); the rows the relay sent last (`$4`) are deleted by the same
+        // statement and count as gone.
         take: TakeSql::MarkAndTake {
-            begin: "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off".into(),
+            begin: BEGIN.into(),
             sql: format!(
                 "WITH marked AS (DELETE FROM {t} WHERE seq = ANY ({sent})),
-                     cand AS MATERIALIZED (
-                         SELECT seq, okey FROM {t}
-                         WHERE dead_reason IS NULL AND due_at <= {now}
-                           AND (leased_until IS NULL OR leased_until <= {now})
-                           AND seq <> ALL ({sent})
-                         ORDER BY seq LIMIT $3
-                         FOR UPDATE SKIP LOCKED),
-                     gaps AS MATERIALIZED (
-                         SELECT k.okey,
-                                (SELECT e.seq FROM {t} e
-                                 WHERE e.okey = k.okey
-                                   AND e.seq <> ALL (ARRAY(SELECT seq FROM cand))
-                                   AND e.seq <> ALL ({sent})
-                                 ORDER BY e.seq LIMIT 1) AS gap
-                         FROM (SELECT DISTINCT okey FROM cand WHERE okey IS NOT NULL) k)
+                     {runs}
                  UPDATE {t} SET owner = $1, leased_until = {now} + $2 {ms}
-                 WHERE seq = ANY (ARRAY(
-                     SELECT c.seq FROM cand c LEFT JOIN gaps g ON g.okey = c.okey
-                     WHERE c.okey IS NULL OR g.gap IS NULL OR c.seq < g.gap))
-                 RETURNING seq, okey, message_id, payload, headers, content_type, attempts"
+                 WHERE seq = ANY (ARRAY({chosen}))
+                 RETURNING seq, okey, message_id, payload, headers, content_type, attempts",
+                runs = runs(t, "$3", sent),
+                chosen = CHOSEN,
             ),
         },
         fail: format!(

@@ -18,7 +18,7 @@ use crate::queue::{
 };
 
 /// The channel publishes notify on; the payload is the queue's name.
-const CHANNEL: &str = "jo_queue";
+pub(super) const CHANNEL: &str = "jo_queue";
 
 fn schema() -> Vec<String> {
     [
@@ -174,6 +174,11 @@ impl PgQueue {
     /// The pool, for reading the queue's tables directly.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.queue
     }
 
     /// Counts from the queue's tables.

@@ -419,3 +419,149 @@ mod folded_claim {
             .unwrap();
     }
 }
+
+/// The PostgreSQL outbox moving its rows into a queue of its database.
+mod outbox_move {
+    use std::time::{Duration, Instant};
+
+    use justonce_core::{ErrorKind, Message, OutboxMove, OutboxStore, Source, Store};
+    use justonce_sql::{OutboxOptions, PgQueue, PgQueueOptions, PgStore};
+    use justonce_test::unique_name;
+
+    use super::url;
+
+    fn msg(id: &str) -> Message {
+        Message::new(format!("payload {id}")).with_id(id).unwrap()
+    }
+
+    /// A key whose first row is leased to a publishing relay stays whole; every other row
+    /// moves, in outbox order per key, in one transaction, and a receiver already waiting
+    /// is woken by the move's commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_move_in_order_past_a_key_that_is_leased() {
+        let Some(url) = url() else { return };
+        let table = unique_name("jo_obx_mv").replace('-', "_");
+        let store = PgStore::open(&url).await.unwrap();
+        let outbox = store
+            .outbox_with(OutboxOptions::default().table(&table))
+            .await
+            .unwrap();
+        let mut o = PgQueueOptions::default();
+        o.poll_interval = Duration::from_secs(5);
+        let queue = PgQueue::open_with(&url, &unique_name("jo-pgq-mv"), o)
+            .await
+            .unwrap();
+        let mut tx = store.begin().await.unwrap();
+        for n in 0..3 {
+            for key in ["a", "b", "held"] {
+                let m = msg(&format!("{key}-{n}"));
+                outbox.enqueue(&mut tx, &m, Some(key)).await.unwrap();
+            }
+            outbox
+                .enqueue(&mut tx, &msg(&format!("free-{n}")), None)
+                .await
+                .unwrap();
+        }
+        store.commit(tx).await.unwrap();
+        // A publishing relay holds `held`'s first row.
+        let leased = outbox
+            .take("relay-1", 3, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let held: Vec<_> = leased
+            .iter()
+            .filter(|r| r.key.as_deref() == Some("held"))
+            .collect();
+        assert_eq!(held.len(), 1, "{leased:?}");
+        let others: Vec<u64> = leased
+            .iter()
+            .filter(|r| r.key.as_deref() != Some("held"))
+            .map(|r| r.seq)
+            .collect();
+        outbox.release(&others).await.unwrap();
+
+        let mover = outbox.mover_into(&queue).await.unwrap();
+        let waiting = {
+            let q = queue.clone();
+            tokio::spawn(async move { q.receive(100, Duration::from_secs(5)).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let moved_at = Instant::now();
+        assert_eq!(
+            mover.move_rows(100).await.unwrap(),
+            9,
+            "all but `held`'s three"
+        );
+        let first = waiting.await.unwrap();
+        assert!(
+            moved_at.elapsed() < Duration::from_secs(2),
+            "woken by the move's commit, not the 5 s poll: {:?}",
+            moved_at.elapsed()
+        );
+        assert!(!first.is_empty());
+        assert_eq!(
+            mover.move_rows(100).await.unwrap(),
+            0,
+            "`held` waits for its lease"
+        );
+        let stats = outbox.outbox_stats().await.unwrap();
+        assert_eq!((stats.pending, stats.leased), (3, 1));
+
+        let ids: Vec<(String,)> =
+            sqlx::query_as("SELECT message_id FROM jo_queue WHERE queue = $1 ORDER BY seq")
+                .bind(queue.name())
+                .fetch_all(queue.pool())
+                .await
+                .unwrap();
+        let ids: Vec<String> = ids.into_iter().map(|(i,)| i).collect();
+        assert_eq!(ids.len(), 9);
+        for key in ["a", "b", "free"] {
+            let of_key: Vec<&String> = ids.iter().filter(|i| i.starts_with(key)).collect();
+            assert_eq!(
+                of_key,
+                [0, 1, 2]
+                    .map(|n| format!("{key}-{n}"))
+                    .iter()
+                    .collect::<Vec<_>>()
+            );
+        }
+        let delivered = &first[0];
+        assert_eq!(
+            delivered.message.payload(),
+            format!("payload {}", ids[0]).as_bytes()
+        );
+        queue.delete().await.unwrap();
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+
+    /// A queue in another database is refused: rows moved into a table no consumer of the
+    /// queue reads would be lost to it.
+    #[tokio::test]
+    async fn a_queue_in_another_database_is_refused() {
+        let Some(url) = url() else { return };
+        let Some((base, _)) = url.rsplit_once('/') else {
+            return;
+        };
+        let store = PgStore::open(&url).await.unwrap();
+        let table = unique_name("jo_obx_mvx").replace('-', "_");
+        let outbox = store
+            .outbox_with(OutboxOptions::default().table(&table))
+            .await
+            .unwrap();
+        let elsewhere = PgQueue::open(&format!("{base}/postgres"), &unique_name("jo-pgq-mvx"))
+            .await
+            .unwrap();
+        let err = outbox.mover_into(&elsewhere).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let text = err.to_chain_string();
+        assert!(text.contains("not in the outbox's database"), "{text}");
+        elsewhere.delete().await.unwrap();
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}

@@ -26,6 +26,10 @@
 //! - **Wake-up**: after a take that found nothing, the relay waits on
 //!   [`OutboxStore::wait_for_rows`] (PostgreSQL's `NOTIFY`, an in-process notification on
 //!   SQLite) and polls every [`RelayOptions::poll_interval`] in any case.
+//! - **Moving instead of publishing** ([`Relay::moving`]): when the queue is a table of the
+//!   outbox's own database (a PostgreSQL queue beside a PostgreSQL outbox), each batch
+//!   moves from the outbox into the queue in one transaction ([`OutboxMove`]): no publish,
+//!   no confirm, no lease and no duplicate, at about the cost of a direct publish.
 //!
 //! ```no_run
 //! use justonce::relay::{Relay, RelayOptions};
@@ -49,8 +53,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use justonce_core::{
-    Error, ErrorKind, ExponentialBackoff, Message, OutboxFailure, OutboxRow, OutboxStore,
-    Publisher, Result,
+    Error, ErrorKind, ExponentialBackoff, Message, OutboxFailure, OutboxMove, OutboxRow,
+    OutboxStore, Publisher, Result,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -107,9 +111,17 @@ impl<O: OutboxStore> Clone for Relay<O> {
     }
 }
 
+/// Where a relay's rows go.
+enum Route {
+    /// Published, confirmed, then marked sent.
+    Publish(Arc<dyn Publisher>),
+    /// Moved into a queue of the outbox's database, a batch a transaction.
+    Move(Arc<dyn OutboxMove>),
+}
+
 struct Inner<O> {
     outbox: O,
-    publisher: Arc<dyn Publisher>,
+    route: Route,
     opts: RelayOptions,
     retry: ExponentialBackoff,
     pause: ExponentialBackoff,
@@ -121,13 +133,43 @@ impl<O: OutboxStore> Relay<O> {
     /// A relay of `outbox` into `publisher`. Fails when the options are unsafe: a batch
     /// or concurrency of 0, no attempts, or a publish timeout not shorter than the lease.
     pub fn new(outbox: O, publisher: impl Publisher + 'static, opts: RelayOptions) -> Result<Self> {
+        Self::with_route(outbox, Route::Publish(Arc::new(publisher)), opts)
+    }
+
+    /// A relay that moves the rows of `outbox` into a queue of the outbox's own database
+    /// through `mover` ([`OutboxMove`]), each batch in one transaction: a row leaves the
+    /// outbox exactly when it enters the queue. Nothing is published, so nothing is
+    /// confirmed, leased or sent twice; order per key, several relays at once, the
+    /// wake-up, the tidy and the metrics are as with [`Relay::new`]. An error (the
+    /// database unreachable) pauses a loop with backoff; no row is ever dead, as no row
+    /// can be refused. A fault hook never fires: a move has no point between a publish and
+    /// its mark.
+    ///
+    /// ```no_run
+    /// use justonce::relay::{Relay, RelayOptions};
+    /// use justonce::sql::{PgQueue, PgStore};
+    ///
+    /// # async fn run() -> justonce::Result<()> {
+    /// let url = "postgres://app@127.0.0.1:5432/shop";
+    /// let outbox = PgStore::open(url).await?.outbox().await?;
+    /// let receipts = PgQueue::open(url, "receipts").await?;
+    /// let mover = outbox.mover_into(&receipts).await?; // refused if not in this database
+    /// let relay = Relay::moving(outbox, mover, RelayOptions::default().batch(500))?;
+    /// relay.run_until(justonce::shutdown_signal()).await
+    /// # }
+    /// ```
+    pub fn moving(outbox: O, mover: impl OutboxMove, opts: RelayOptions) -> Result<Self> {
+        Self::with_route(outbox, Route::Move(Arc::new(mover)), opts)
+    }
+
+    fn with_route(outbox: O, route: Route, opts: RelayOptions) -> Result<Self> {
         opts.validate()?;
         let retry = ExponentialBackoff::new(opts.retry_base, opts.retry_max);
         let pause = ExponentialBackoff::new(Duration::from_millis(100), Duration::from_secs(30));
         Ok(Relay {
             inner: Arc::new(Inner {
                 outbox,
-                publisher: Arc::new(publisher),
+                route,
                 opts,
                 retry,
                 pause,
@@ -253,7 +295,63 @@ impl<O: OutboxStore> Inner<O> {
     /// works, and a batch costs one transaction besides its publish. The rows taken ahead
     /// are still leased while the batch before them is in flight, so no key of that batch
     /// is in them.
-    async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
+    async fn run(&self, stop: watch::Receiver<bool>) -> Result<()> {
+        match &self.route {
+            Route::Publish(publisher) => self.publish_loop(publisher, stop).await,
+            Route::Move(mover) => self.move_loop(mover, stop).await,
+        }
+    }
+
+    /// One moving loop: a batch a transaction, until a move finds nothing; then it waits
+    /// for rows.
+    async fn move_loop(
+        &self,
+        mover: &Arc<dyn OutboxMove>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
+        let mut failures = 0u32;
+        while !*stop.borrow() {
+            match mover.move_rows(self.opts.batch).await {
+                Ok(0) => {
+                    failures = 0;
+                    tokio::select! {
+                        _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                }
+                Ok(n) => {
+                    failures = 0;
+                    self.instruments().sent.increment(n as u64);
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    self.paused(&e, failures, &mut stop).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a loop's error and pauses it with backoff.
+    async fn paused(&self, e: &Error, failures: u32, stop: &mut watch::Receiver<bool>) {
+        let pause = self.pause.delay(failures);
+        warn!(
+            relay = %self.opts.name,
+            error = %e.to_chain_string(),
+            advice = e.kind().advice(),
+            ?pause,
+            "relay pass failed; its rows go back and it pauses"
+        );
+        self.instruments().pauses.increment(1);
+        crate::tasks::sleep_or_stop(pause, stop).await;
+    }
+
+    /// One publishing loop (see [`Inner::run`]).
+    async fn publish_loop(
+        &self,
+        publisher: &Arc<dyn Publisher>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
         let mut failures = 0u32;
         // Rows published and confirmed, marked sent with the next take.
         let mut unmarked: Vec<u64> = Vec::new();
@@ -285,7 +383,7 @@ impl<O: OutboxStore> Inner<O> {
                 Ok(t) => {
                     let mark = std::mem::take(&mut unmarked);
                     let (published, next) =
-                        tokio::join!(self.publish_taken(t.rows), self.take(&mark));
+                        tokio::join!(self.publish_taken(publisher, t.rows), self.take(&mark));
                     match next {
                         Ok(next) => ahead = Some(next),
                         // Not marked: they go with the next take, which meets the error
@@ -315,16 +413,7 @@ impl<O: OutboxStore> Inner<O> {
                         self.give_back(&t.seqs()).await;
                     }
                     failures = failures.saturating_add(1);
-                    let pause = self.pause.delay(failures);
-                    warn!(
-                        relay = %self.opts.name,
-                        error = %e.to_chain_string(),
-                        advice = e.kind().advice(),
-                        ?pause,
-                        "relay pass failed; its rows go back and it pauses"
-                    );
-                    self.instruments().pauses.increment(1);
-                    crate::tasks::sleep_or_stop(pause, &mut stop).await;
+                    self.paused(&e, failures, &mut stop).await;
                 }
             }
         }
@@ -370,8 +459,20 @@ impl<O: OutboxStore> Inner<O> {
 
     /// One take and its publish, its rows marked at once.
     async fn pass(&self) -> Result<RelayReport> {
+        let publisher = match &self.route {
+            Route::Publish(publisher) => publisher,
+            Route::Move(mover) => {
+                let n = mover.move_rows(self.opts.batch).await?;
+                self.instruments().sent.increment(n as u64);
+                return Ok(RelayReport {
+                    taken: n,
+                    sent: n,
+                    ..RelayReport::default()
+                });
+            }
+        };
         let taken = self.take(&[]).await?;
-        let (report, confirmed) = self.publish_taken(taken.rows).await?;
+        let (report, confirmed) = self.publish_taken(publisher, taken.rows).await?;
         self.mark_sent(&confirmed).await?;
         Ok(report)
     }
@@ -396,7 +497,11 @@ impl<O: OutboxStore> Inner<O> {
 
     /// Publishes taken rows; answers the report and the rows confirmed and not yet marked
     /// sent, for the caller to mark (with its next take, or at once).
-    async fn publish_taken(&self, rows: Vec<OutboxRow>) -> Result<(RelayReport, Vec<u64>)> {
+    async fn publish_taken(
+        &self,
+        publisher: &Arc<dyn Publisher>,
+        rows: Vec<OutboxRow>,
+    ) -> Result<(RelayReport, Vec<u64>)> {
         let report = RelayReport {
             taken: rows.len(),
             ..RelayReport::default()
@@ -407,9 +512,9 @@ impl<O: OutboxStore> Inner<O> {
         let messages: Vec<Message> = rows.iter().map(|r| r.message.clone()).collect();
         let all: Vec<u64> = rows.iter().map(|r| r.seq).collect();
         let outcome = if messages.len() == 1 {
-            self.publish_one(&messages[0]).await
+            self.publish(publisher.publish(&messages[0])).await
         } else {
-            self.publish(self.publisher.publish_batch(&messages)).await
+            self.publish(publisher.publish_batch(&messages)).await
         };
         match outcome {
             Ok(()) => {
@@ -427,12 +532,8 @@ impl<O: OutboxStore> Inner<O> {
             }
             // One of them is refused: find which, one at a time, in order; `singly` marks
             // the rows it sends itself.
-            Err(_) => Ok((self.singly(rows, report).await?, Vec::new())),
+            Err(_) => Ok((self.singly(publisher, rows, report).await?, Vec::new())),
         }
-    }
-
-    async fn publish_one(&self, message: &Message) -> Result<()> {
-        self.publish(self.publisher.publish(message)).await
     }
 
     async fn publish(&self, publish: impl Future<Output = Result<()>>) -> Result<()> {
@@ -448,7 +549,12 @@ impl<O: OutboxStore> Inner<O> {
         }
     }
 
-    async fn singly(&self, rows: Vec<OutboxRow>, mut report: RelayReport) -> Result<RelayReport> {
+    async fn singly(
+        &self,
+        publisher: &Arc<dyn Publisher>,
+        rows: Vec<OutboxRow>,
+        mut report: RelayReport,
+    ) -> Result<RelayReport> {
         let mut blocked: HashSet<String> = HashSet::new();
         let mut sent = Vec::new();
         let mut back = Vec::new();
@@ -458,7 +564,7 @@ impl<O: OutboxStore> Inner<O> {
                 back.push(row.seq);
                 continue;
             }
-            match self.publish_one(&row.message).await {
+            match self.publish(publisher.publish(&row.message)).await {
                 Ok(()) => {
                     self.crash_point(RelayFaultPoint::AfterConfirm, std::slice::from_ref(row))
                         .await?;

@@ -53,7 +53,7 @@ mod postgres {
     use std::time::Duration;
 
     use justonce::relay::{Relay, RelayOptions};
-    use justonce::sql::{PgQueue, PgStore, PgTx};
+    use justonce::sql::{PgOutbox, PgQueue, PgStore, PgTx};
     use justonce::{
         Consumer, ConsumerOptions, Context, Disposition, Handler, Message, OutboxStore, Result,
         Source, Store,
@@ -140,12 +140,14 @@ mod postgres {
     /// outbox `open` gives, relayed by three relays (each with a pool of its own, as three
     /// processes) into a PostgreSQL queue, applied by one consumer: each key's messages
     /// arrive in the order they were committed, each once. Answers the outbox, to drop.
-    async fn ten_keys_through_three_relays<S, O, F, Fut>(url: &str, open: F)
+    async fn ten_keys_through_three_relays<S, O, F, Fut, R, RFut>(url: &str, open: F, relay: R)
     where
         S: Store + Clone,
         O: OutboxStore<Tx = S::Tx> + Clone,
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = (S, O)>,
+        R: Fn(O, PgQueue, RelayOptions) -> RFut,
+        RFut: std::future::Future<Output = Relay<O>>,
     {
         const KEYS: usize = 10;
         const PER_KEY: usize = 1000;
@@ -169,7 +171,7 @@ mod postgres {
                 .owner(format!("relay-{r}"))
                 .batch(50)
                 .poll_interval(Duration::from_millis(200));
-            relays.push(Relay::new(own_outbox, own_queue, opts).unwrap().spawn());
+            relays.push(relay(own_outbox, own_queue, opts).await.spawn());
         }
         let mut producers = tokio::task::JoinSet::new();
         for k in 0..KEYS {
@@ -239,6 +241,35 @@ mod postgres {
             .unwrap();
     }
 
+    async fn publishing<O: OutboxStore>(o: O, q: PgQueue, opts: RelayOptions) -> Relay<O> {
+        Relay::new(o, q, opts).unwrap()
+    }
+
+    /// The same through three relays that move the rows into the queue, in its database.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_ten_keys_moved_by_three_relays_keep_their_order_per_key() {
+        // A test of postgres.rs restarts the server: not while this one runs.
+        let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
+        let Some(url) = url() else { return };
+        let table = justonce_test::unique_name("jo_obx_moved").replace('-', "_");
+        let open = || async {
+            let store = PgStore::open(&url).await.unwrap();
+            let ob = justonce::sql::OutboxOptions::default().table(&table);
+            let outbox = store.outbox_with(ob).await.unwrap();
+            (store, outbox)
+        };
+        let moving = |o: PgOutbox, q: PgQueue, opts: RelayOptions| async move {
+            let mover = o.mover_into(&q).await.unwrap();
+            Relay::moving(o, mover, opts).unwrap()
+        };
+        ten_keys_through_three_relays(&url, open, moving).await;
+        let (store, _) = open().await;
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_ten_keys_through_three_relays_keep_their_order_per_key() {
         // A test of postgres.rs restarts the server: not while this one runs.
@@ -251,7 +282,7 @@ mod postgres {
             let outbox = store.outbox_with(ob).await.unwrap();
             (store, outbox)
         };
-        ten_keys_through_three_relays(&url, open).await;
+        ten_keys_through_three_relays(&url, open, publishing).await;
         let (store, _) = open().await;
         sqlx::query(&format!("DROP TABLE {table}"))
             .execute(store.pool())
@@ -339,7 +370,7 @@ mod postgres {
             let outbox = store.outbox_with(ob).await.unwrap();
             (store, outbox)
         };
-        ten_keys_through_three_relays(&url, open).await;
+        ten_keys_through_three_relays(&url, open, publishing).await;
         let (store, _) = open().await;
         for t in [table.clone(), format!("{table}_locks")] {
             sqlx::query(&format!("DROP TABLE {t}"))
