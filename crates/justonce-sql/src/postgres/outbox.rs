@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use justonce_core::{validate_identifier, Error, OutboxMove, Result};
+use justonce_core::{validate_identifier, Error, OutboxMove, Result, Source};
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{Notify, OnceCell};
@@ -102,14 +102,14 @@ impl PgOutbox {
             return Err(Error::config(format!(
                 "the queue `{}` is not in the outbox's database ({theirs} against {ours}): \
                  relay its rows by publishing (`Relay::new`)",
-                queue.name()
+                queue.queue()
             )));
         }
         let t = &self.table;
         let channel = super::queue::CHANNEL;
         Ok(PgOutboxMove {
             pool: self.pool.clone(),
-            queue: queue.name().to_owned(),
+            queue: queue.queue().to_owned(),
             sql: Arc::new(format!(
                 "WITH {runs},
                      moved AS (

@@ -176,11 +176,6 @@ impl PgQueue {
         &self.pool
     }
 
-    /// The queue's name.
-    pub fn name(&self) -> &str {
-        &self.queue
-    }
-
     /// Counts from the queue's tables.
     pub async fn stats(&self) -> Result<QueueStats> {
         let row = sqlx::query(

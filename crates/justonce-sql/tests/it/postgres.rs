@@ -509,7 +509,7 @@ mod outbox_move {
 
         let ids: Vec<(String,)> =
             sqlx::query_as("SELECT message_id FROM jo_queue WHERE queue = $1 ORDER BY seq")
-                .bind(queue.name())
+                .bind(queue.queue())
                 .fetch_all(queue.pool())
                 .await
                 .unwrap();

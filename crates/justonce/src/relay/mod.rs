@@ -290,11 +290,7 @@ impl<O: OutboxStore> Inner<O> {
             .get_or_init(|| RelayInstruments::register(&self.opts.name))
     }
 
-    /// One relay loop. Each batch's publish runs beside the take of the next one, which
-    /// marks the batch before it sent: the publisher is never idle while the database
-    /// works, and a batch costs one transaction besides its publish. The rows taken ahead
-    /// are still leased while the batch before them is in flight, so no key of that batch
-    /// is in them.
+    /// One relay loop, publishing or moving.
     async fn run(&self, stop: watch::Receiver<bool>) -> Result<()> {
         match &self.route {
             Route::Publish(publisher) => self.publish_loop(publisher, stop).await,
@@ -311,17 +307,12 @@ impl<O: OutboxStore> Inner<O> {
     ) -> Result<()> {
         let mut failures = 0u32;
         while !*stop.borrow() {
-            match mover.move_rows(self.opts.batch).await {
-                Ok(0) => {
+            match self.move_batch(mover).await {
+                Ok(moved) => {
                     failures = 0;
-                    tokio::select! {
-                        _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
-                        _ = stop.wait_for(|s| *s) => {}
+                    if moved == 0 {
+                        self.idle(&mut stop).await;
                     }
-                }
-                Ok(n) => {
-                    failures = 0;
-                    self.instruments().sent.increment(n as u64);
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
@@ -330,6 +321,21 @@ impl<O: OutboxStore> Inner<O> {
             }
         }
         Ok(())
+    }
+
+    /// Moves a batch and counts it sent.
+    async fn move_batch(&self, mover: &Arc<dyn OutboxMove>) -> Result<usize> {
+        let moved = mover.move_rows(self.opts.batch).await?;
+        self.instruments().sent.increment(moved as u64);
+        Ok(moved)
+    }
+
+    /// Waits for rows after a take or move that found none, or for the stop.
+    async fn idle(&self, stop: &mut watch::Receiver<bool>) {
+        tokio::select! {
+            _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
     }
 
     /// Logs a loop's error and pauses it with backoff.
@@ -346,7 +352,11 @@ impl<O: OutboxStore> Inner<O> {
         crate::tasks::sleep_or_stop(pause, stop).await;
     }
 
-    /// One publishing loop (see [`Inner::run`]).
+    /// One publishing loop. Each batch's publish runs beside the take of the next one,
+    /// which marks the batch before it sent: the publisher is never idle while the
+    /// database works, and a batch costs one transaction besides its publish. The rows
+    /// taken ahead are still leased while the batch before them is in flight, so no key of
+    /// that batch is in them.
     async fn publish_loop(
         &self,
         publisher: &Arc<dyn Publisher>,
@@ -374,10 +384,7 @@ impl<O: OutboxStore> Inner<O> {
                         // The last batch is in: mark it now (with a take), not after a wait.
                         continue;
                     }
-                    tokio::select! {
-                        _ = self.outbox.wait_for_rows(self.opts.poll_interval) => {}
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
+                    self.idle(&mut stop).await;
                     continue;
                 }
                 Ok(t) => {
@@ -462,11 +469,10 @@ impl<O: OutboxStore> Inner<O> {
         let publisher = match &self.route {
             Route::Publish(publisher) => publisher,
             Route::Move(mover) => {
-                let n = mover.move_rows(self.opts.batch).await?;
-                self.instruments().sent.increment(n as u64);
+                let moved = self.move_batch(mover).await?;
                 return Ok(RelayReport {
-                    taken: n,
-                    sent: n,
+                    taken: moved,
+                    sent: moved,
                     ..RelayReport::default()
                 });
             }

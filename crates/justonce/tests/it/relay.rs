@@ -245,33 +245,9 @@ mod postgres {
         Relay::new(o, q, opts).unwrap()
     }
 
-    /// The same through three relays that move the rows into the queue, in its database.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_ten_keys_moved_by_three_relays_keep_their_order_per_key() {
-        // A test of postgres.rs restarts the server: not while this one runs.
-        let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
-        let Some(url) = url() else { return };
-        let table = justonce_test::unique_name("jo_obx_moved").replace('-', "_");
-        let open = || async {
-            let store = PgStore::open(&url).await.unwrap();
-            let ob = justonce::sql::OutboxOptions::default().table(&table);
-            let outbox = store.outbox_with(ob).await.unwrap();
-            (store, outbox)
-        };
-        let moving = |o: PgOutbox, q: PgQueue, opts: RelayOptions| async move {
-            let mover = o.mover_into(&q).await.unwrap();
-            Relay::moving(o, mover, opts).unwrap()
-        };
-        ten_keys_through_three_relays(&url, open, moving).await;
-        let (store, _) = open().await;
-        sqlx::query(&format!("DROP TABLE {table}"))
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_ten_keys_through_three_relays_keep_their_order_per_key() {
+    /// [`ten_keys_through_three_relays`] from a PostgreSQL outbox, through relays that
+    /// publish or that move the rows into the queue, in its database.
+    async fn postgres_ten_keys(moving: bool) {
         // A test of postgres.rs restarts the server: not while this one runs.
         let _one_at_a_time = crate::postgres::RESTARTS.lock().await;
         let Some(url) = url() else { return };
@@ -282,12 +258,29 @@ mod postgres {
             let outbox = store.outbox_with(ob).await.unwrap();
             (store, outbox)
         };
-        ten_keys_through_three_relays(&url, open, publishing).await;
+        let relay = |o: PgOutbox, q: PgQueue, opts: RelayOptions| async move {
+            if !moving {
+                return publishing(o, q, opts).await;
+            }
+            let mover = o.mover_into(&q).await.unwrap();
+            Relay::moving(o, mover, opts).unwrap()
+        };
+        ten_keys_through_three_relays(&url, open, relay).await;
         let (store, _) = open().await;
         sqlx::query(&format!("DROP TABLE {table}"))
             .execute(store.pool())
             .await
             .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_ten_keys_through_three_relays_keep_their_order_per_key() {
+        postgres_ten_keys(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_ten_keys_moved_by_three_relays_keep_their_order_per_key() {
+        postgres_ten_keys(true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
