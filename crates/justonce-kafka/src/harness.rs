@@ -1,10 +1,10 @@
 //! A tansu broker of one's own, for tests and fault labs (feature `harness`): on a free
 //! port of 127.0.0.1 and a data directory of its own (SQLite storage), killed when
-//! dropped, restartable as after a crash. The shared broker a machine runs is never
-//! touched.
+//! dropped, restartable as after a crash, its storage repaired where tansu 0.6.0 needs it
+//! ([`STORAGE_REPAIRS`]). The shared broker a machine runs is never touched.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,11 @@ impl OwnBroker {
     /// `kafka://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("kafka://127.0.0.1:{}", self.port)
+    }
+
+    /// The broker's SQLite storage file.
+    pub fn storage(&self) -> PathBuf {
+        self.dir.path().join("tansu.db")
     }
 
     /// Kills the broker (SIGKILL, as a crash would) and starts it again on the same port
@@ -108,7 +113,66 @@ impl OwnBroker {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(())
+        repair_storage(&self.storage()).await
+    }
+}
+
+/// The index tansu 0.6.0's SQLite storage lacks. It keeps a record's headers in a table
+/// `header` with no index, and a fetch reads each record's headers with a join on
+/// `(topition, offset_id)`: a scan of every header stored, for every record fetched. A
+/// broker holding 60,000 records spent a whole core to serve 120 a second, and slowed
+/// further as the topic grew. With the index each lookup is a B-tree search.
+pub const HEADER_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS justonce_header_record ON header (topition, offset_id)";
+
+/// The fix of tansu 0.6.0's topic deletion. Its last statement (`topic_delete_by.sql`)
+/// deletes the topics whose cluster is the named topic's cluster: every topic, not the
+/// one named. Their partitions, watermarks and records go with them by `ON DELETE
+/// CASCADE` (fixed upstream after 0.6.0, in no release this machine can install). A consumer of another topic
+/// then meets a partition with no watermark and the storage panics (`more or less than
+/// one row`): every later request of every client fails. The statements before it delete
+/// the named topic's partitions, so the trigger lets a topic's row go only once it has
+/// none left, and skips (`RAISE(IGNORE)`) the rows of every other topic.
+pub const TOPIC_DELETE_ONE: &str = "CREATE TRIGGER IF NOT EXISTS justonce_topic_delete_one \
+     BEFORE DELETE ON topic FOR EACH ROW \
+     WHEN EXISTS (SELECT 1 FROM topition WHERE topition.topic = OLD.id) \
+     BEGIN SELECT RAISE(IGNORE); END";
+
+/// What the harness, and `scripts/services.sh` for the machine's broker, add to tansu
+/// 0.6.0's SQLite storage once it has made its tables: [`HEADER_INDEX`] and
+/// [`TOPIC_DELETE_ONE`]. Both are no-ops when already there.
+pub const STORAGE_REPAIRS: [&str; 2] = [HEADER_INDEX, TOPIC_DELETE_ONE];
+
+/// Runs [`STORAGE_REPAIRS`] on the storage at `db`, once tansu has made its tables.
+async fn repair_storage(db: &Path) -> io::Result<()> {
+    use sqlx::ConnectOptions as _;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tried = async {
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(db)
+                .busy_timeout(Duration::from_secs(5))
+                .connect()
+                .await?;
+            for sql in STORAGE_REPAIRS {
+                sqlx::query(sql).execute(&mut conn).await?;
+            }
+            sqlx::Connection::close(conn).await
+        }
+        .await;
+        match tried {
+            Ok(()) => return Ok(()),
+            // The broker answers before its tables are made.
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => {
+                return Err(io::Error::other(format!(
+                    "cannot repair tansu's storage in {}: {e}",
+                    db.display()
+                )))
+            }
+        }
     }
 }
 

@@ -286,8 +286,9 @@ impl Client {
     /// Deletes the topic and the dead-letter topic, and the group's committed offsets.
     pub(crate) async fn delete(&self) -> Result<()> {
         // A broker answers a fetch after waiting up to `fetch.wait.max.ms` (500 ms), and
-        // tansu 0.6 goes on with a fetch whose client is gone: a topic deleted under it
-        // kills its storage. Let the last fetches of this process end first.
+        // tansu 0.6 goes on with a fetch whose client is gone, in several storage calls:
+        // the topic deleted between two of them kills its storage. Let the last fetches
+        // of this process end first.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let o = &self.opts;
         let opts = rdkafka::admin::AdminOptions::new().operation_timeout(Some(o.request_timeout));

@@ -30,7 +30,8 @@ pub(crate) enum Command {
     /// position, as a restarted process would; answer when done.
     Reset(tokio::sync::oneshot::Sender<()>),
     /// Leave the group and stop fetching, then stop; answer when done. tansu 0.6 (its
-    /// SQLite storage) dies when a topic is deleted under a fetch.
+    /// SQLite storage) dies when a topic is deleted between the storage calls of a fetch
+    /// of it.
     Stop(tokio::sync::oneshot::Sender<()>),
 }
 

@@ -23,6 +23,23 @@ use crate::demo::plan::Plan;
 use crate::orders::{Bank, Tables};
 use justonce::backend::{StoreKind, TransportKind};
 
+/// How long the lab waits for one round of its counts (the data, the transport).
+const COUNT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a run may go with no new delivery or effect (or no count of them) before it
+/// fails.
+const STALL: Duration = Duration::from_secs(120);
+
+/// The error of a run that made no progress for [`STALL`]: what it knows (`what`), then
+/// the last lines of the workers and of upstream.
+fn stalled(what: &str, workers: &[Worker], upstream: &Upstream) -> anyhow::Error {
+    anyhow::anyhow!(
+        "no progress for {} s{what}; the workers said:\n{}\nand upstream:\n{}",
+        STALL.as_secs(),
+        tails(workers).join("\n"),
+        upstream.tails().join("\n")
+    )
+}
+
 /// The consumers' payload limit (the plan's oversized poison is one byte over).
 const MAX_PAYLOAD: usize = 16 * 1024;
 /// Leader changes in a run of the failover class.
@@ -415,18 +432,49 @@ impl Scenario {
                 last_fault = Instant::now();
             }
 
-            let outboxed = match &outbox {
-                Some(o) => o.outbox_stats().await.map(|s| s.pending),
-                None => Ok(0),
+            // A count that fails or hangs (a server down, or one that takes requests and
+            // answers none) is tried again, and counts as no progress: after 120 s of
+            // that the run fails with what the count said, rather than waiting for ever.
+            let counted = tokio::time::timeout(COUNT_TIMEOUT, async {
+                let outboxed = match &outbox {
+                    Some(o) => o.outbox_stats().await.map(|s| s.pending),
+                    None => Ok(0),
+                };
+                (
+                    store.delivery_counts(&tables).await.map(|d| d.0),
+                    store.ledger_rows(&tables).await,
+                    sink.pending().await,
+                    outboxed,
+                )
+            })
+            .await;
+            let counted = match counted {
+                Ok((Ok(d), Ok(e), Ok(q), Ok(o))) => Ok((d, e, q, o)),
+                Ok((d, e, q, o)) => Err([
+                    d.err().map(|e| format!("the deliveries: {e:#}")),
+                    e.err().map(|e| format!("the ledger: {e:#}")),
+                    q.err().map(|e| format!("the transport: {e:#}")),
+                    o.err().map(|e| format!("the outbox: {e:#}")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ")),
+                Err(_) => Err(format!("a count had no answer in {COUNT_TIMEOUT:?}")),
             };
-            let (Ok(deliveries), Ok(effects), Ok(queued), Ok(outboxed)) = (
-                store.delivery_counts(&tables).await.map(|d| d.0),
-                store.ledger_rows(&tables).await,
-                sink.pending().await,
-                outboxed,
-            ) else {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                continue;
+            let (deliveries, effects, queued, outboxed) = match counted {
+                Ok(counts) => counts,
+                Err(why) if last_seen.2.elapsed() > STALL => {
+                    return Err(stalled(
+                        &format!(", and the lab cannot count it ({why})"),
+                        &workers,
+                        &upstream,
+                    ))
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
             };
             samples.push(started.elapsed(), effects);
             bar.set_position(effects.min(self.messages));
@@ -495,14 +543,17 @@ impl Scenario {
                 && schedule.is_empty();
             if (deliveries, effects) != (last_seen.0, last_seen.1) {
                 last_seen = (deliveries, effects, Instant::now());
-            } else if last_seen.2.elapsed() > Duration::from_secs(120) {
-                let tails = tails(&workers);
-                bail!(
-                    "no progress for 120 s: {deliveries} deliveries and {effects} effects in the data, {queued} messages waiting on the transport, {outboxed} in the outbox, {}; the workers said:\n{}\nand upstream:\n{}",
-                    if upstream.done() { "everything published" } else { "still publishing" },
-                    tails.join("\n"),
-                    upstream.tails().join("\n")
-                );
+            } else if last_seen.2.elapsed() > STALL {
+                let published = if upstream.done() {
+                    "everything published"
+                } else {
+                    "still publishing"
+                };
+                return Err(stalled(
+                    &format!(": {deliveries} deliveries and {effects} effects in the data, {queued} messages waiting on the transport, {outboxed} in the outbox, {published}"),
+                    &workers,
+                    &upstream,
+                ));
             }
             quiet = if settled && last_seen.2.elapsed() > QUIET {
                 quiet + 1
