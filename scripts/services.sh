@@ -57,23 +57,18 @@ start_tansu() {
 }
 
 # Two repairs of tansu 0.6.0's SQLite storage, made once tansu has made its tables and
-# no-ops after (the SQL is STORAGE_REPAIRS in crates/justonce-kafka/src/harness.rs, which
-# says why): an index on the record headers, which every record fetched otherwise scans
-# (fetches slow to 120 records a second at 60,000 stored), and a trigger that keeps a topic
-# deletion to its topic (tansu deletes every topic, and then dies on the next fetch).
+# no-ops after: an index on the record headers, and a trigger that keeps a topic deletion to
+# its topic (the SQL file says why; the harness runs the same file).
+TANSU_REPAIRS="$(cd "$(dirname "$0")/.." && pwd)/crates/justonce-kafka/src/tansu_repairs.sql"
 repair_tansu() {
   local db="$TANSU_DATA/tansu.db"
-  local sql="CREATE INDEX IF NOT EXISTS justonce_header_record ON header (topition, offset_id);
-CREATE TRIGGER IF NOT EXISTS justonce_topic_delete_one BEFORE DELETE ON topic FOR EACH ROW
-  WHEN EXISTS (SELECT 1 FROM topition WHERE topition.topic = OLD.id)
-  BEGIN SELECT RAISE(IGNORE); END;"
   [ -f "$db" ] || return 0
   for _ in $(seq 1 50); do
     if command -v sqlite3 >/dev/null 2>&1; then
-      sqlite3 -cmd ".timeout 5000" "$db" "$sql" 2>/dev/null && return 0
+      sqlite3 -bail -cmd ".timeout 5000" "$db" <"$TANSU_REPAIRS" 2>/dev/null && return 0
     elif command -v python3 >/dev/null 2>&1; then
-      python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=5); c.executescript(sys.argv[2]); c.commit()' \
-        "$db" "$sql" 2>/dev/null && return 0
+      python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=5); c.executescript(open(sys.argv[2]).read()); c.commit()' \
+        "$db" "$TANSU_REPAIRS" 2>/dev/null && return 0
     fi
     sleep 0.2
   done

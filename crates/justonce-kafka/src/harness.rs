@@ -117,31 +117,12 @@ impl OwnBroker {
     }
 }
 
-/// The index tansu 0.6.0's SQLite storage lacks. It keeps a record's headers in a table
-/// `header` with no index, and a fetch reads each record's headers with a join on
-/// `(topition, offset_id)`: a scan of every header stored, for every record fetched. A
-/// broker holding 60,000 records spent a whole core to serve 120 a second, and slowed
-/// further as the topic grew. With the index each lookup is a B-tree search.
-pub const HEADER_INDEX: &str =
-    "CREATE INDEX IF NOT EXISTS justonce_header_record ON header (topition, offset_id)";
-
-/// The fix of tansu 0.6.0's topic deletion. Its last statement (`topic_delete_by.sql`)
-/// deletes the topics whose cluster is the named topic's cluster: every topic, not the
-/// one named. Their partitions, watermarks and records go with them by `ON DELETE
-/// CASCADE` (fixed upstream after 0.6.0, in no release this machine can install). A consumer of another topic
-/// then meets a partition with no watermark and the storage panics (`more or less than
-/// one row`): every later request of every client fails. The statements before it delete
-/// the named topic's partitions, so the trigger lets a topic's row go only once it has
-/// none left, and skips (`RAISE(IGNORE)`) the rows of every other topic.
-pub const TOPIC_DELETE_ONE: &str = "CREATE TRIGGER IF NOT EXISTS justonce_topic_delete_one \
-     BEFORE DELETE ON topic FOR EACH ROW \
-     WHEN EXISTS (SELECT 1 FROM topition WHERE topition.topic = OLD.id) \
-     BEGIN SELECT RAISE(IGNORE); END";
-
 /// What the harness, and `scripts/services.sh` for the machine's broker, add to tansu
-/// 0.6.0's SQLite storage once it has made its tables: [`HEADER_INDEX`] and
-/// [`TOPIC_DELETE_ONE`]. Both are no-ops when already there.
-pub const STORAGE_REPAIRS: [&str; 2] = [HEADER_INDEX, TOPIC_DELETE_ONE];
+/// 0.6.0's SQLite storage once it has made its tables (`tansu_repairs.sql`, which says
+/// why): the index `justonce_header_record` on record headers, and the trigger
+/// `justonce_topic_delete_one`, which keeps a topic deletion to its topic. No-ops when
+/// already there.
+pub const STORAGE_REPAIRS: &str = include_str!("tansu_repairs.sql");
 
 /// Runs [`STORAGE_REPAIRS`] on the storage at `db`, once tansu has made its tables.
 async fn repair_storage(db: &Path) -> io::Result<()> {
@@ -154,9 +135,7 @@ async fn repair_storage(db: &Path) -> io::Result<()> {
                 .busy_timeout(Duration::from_secs(5))
                 .connect()
                 .await?;
-            for sql in STORAGE_REPAIRS {
-                sqlx::query(sql).execute(&mut conn).await?;
-            }
+            sqlx::raw_sql(STORAGE_REPAIRS).execute(&mut conn).await?;
             sqlx::Connection::close(conn).await
         }
         .await;

@@ -16,7 +16,7 @@ use justonce_test::unique_name;
 /// One test at a time on the shared broker. tansu 0.6.0 deletes every topic when asked to
 /// delete one, and the next fetch of another test's topic kills its storage; a broker
 /// that `scripts/services.sh` (or the harness) starts has that repaired
-/// (`harness::TOPIC_DELETE_ONE`), one started by hand has not. Held for the whole test.
+/// (`harness::STORAGE_REPAIRS`), one started by hand has not. Held for the whole test.
 static SHARED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn brokers() -> Option<String> {
@@ -570,7 +570,8 @@ async fn a_broker_of_ones_own_has_its_storage_repaired_after_a_restart_too() {
 
 /// Deleting one topic leaves the others whole. tansu 0.6.0 deleted every topic of the
 /// cluster (and with them their records), and the next fetch of another topic killed its
-/// storage; the harness's trigger (`TOPIC_DELETE_ONE`) keeps the deletion to its topic.
+/// storage; the harness's trigger (`justonce_topic_delete_one`, `STORAGE_REPAIRS`) keeps the
+/// deletion to its topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_topic_leaves_the_other_topics_and_their_records() {
     let Some(broker) = own().await else {
