@@ -169,7 +169,11 @@ impl Bus {
         })
     }
 
-    /// The options every open starts from.
+    /// The options every open starts from. On Kafka the message id is the record's key:
+    /// orders spread over every partition (librdkafka's sticky partitioner, with no key,
+    /// sent a burst of orders to one or two partitions, and the lab's workers that read
+    /// the others had nothing to be killed in), and a re-published order lands where its
+    /// first copy did.
     pub(crate) fn options(
         queue: &str,
         lease: Duration,
@@ -179,6 +183,7 @@ impl Bus {
         Ok(TransportOptions::default()
             .lease(lease)
             .prefetch(prefetch)
+            .kafka_key_by_id(true)
             .amqp(topology.options(queue)?.prefetch(prefetch)))
     }
 

@@ -17,6 +17,9 @@ pub const TANSU_VERSION: &str = "0.6.0";
 pub struct OwnBroker {
     child: Option<Child>,
     port: u16,
+    /// What it tells clients to connect to: `127.0.0.1:port` unless started behind a
+    /// proxy ([`OwnBroker::start_behind`]).
+    advertised: String,
     dir: tempfile::TempDir,
 }
 
@@ -29,15 +32,23 @@ impl OwnBroker {
     /// Starts tansu on a free port of 127.0.0.1 with a temporary data directory, and waits
     /// until it answers.
     pub async fn start() -> io::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = free_port()?;
+        Self::start_behind(port, format!("127.0.0.1:{port}")).await
+    }
+
+    /// Starts tansu on `port` of 127.0.0.1 ([`free_port`] finds one), telling clients to
+    /// connect to `advertised` (`host:port`): a fault proxy in front of it, say. A Kafka
+    /// client connects to the bootstrap address once, then to the address each broker
+    /// advertises: a proxy in front of the bootstrap address alone carries only that first
+    /// connection, never a fetch or a produce.
+    pub async fn start_behind(port: u16, advertised: impl Into<String>) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("justonce-tansu-")
             .tempdir()?;
         let mut broker = OwnBroker {
             child: None,
             port,
+            advertised: advertised.into(),
             dir,
         };
         broker.spawn().await?;
@@ -76,6 +87,7 @@ impl OwnBroker {
     async fn spawn(&mut self) -> io::Result<()> {
         let bin = tansu_binary().ok_or_else(|| io::Error::other("tansu is not installed"))?;
         let listener = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!("tcp://{}", self.advertised);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,7 +97,7 @@ impl OwnBroker {
             .arg("--listener-url")
             .arg(&listener)
             .arg("--advertised-listener-url")
-            .arg(&listener)
+            .arg(&advertised)
             .arg("--storage-engine")
             .arg("sqlite://tansu.db")
             .current_dir(self.dir.path())
@@ -185,6 +197,13 @@ pub fn tansu_binary() -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     cached.filter(|p| p.is_file()).or(on_path)
+}
+
+/// A port of 127.0.0.1 free now, for [`OwnBroker::start_behind`].
+pub fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Whether the broker at `port` accepts a connection.

@@ -197,8 +197,9 @@ pub(crate) fn run(
                 Err(mpsc::error::TrySendError::Closed(_)) => return,
             }
         }
-        if held.is_empty() && paused {
-            pause(&consumer, false);
+        // Tried again at every turn until every partition is resumed: a partition left
+        // paused is never fetched again.
+        if held.is_empty() && paused && pause(&consumer, false) {
             paused = false;
         }
         let wait = if held.is_empty() {
@@ -244,28 +245,87 @@ pub(crate) fn run(
     debug!(topic = %shared.topic, "the poll thread stops");
 }
 
-/// Pauses (or resumes) the assigned partitions.
-fn pause(consumer: &BaseConsumer<Ctx>, on: bool) {
-    if let Ok(a) = consumer.assignment() {
-        let r = if on {
-            consumer.pause(&a)
-        } else {
-            consumer.resume(&a)
-        };
-        if let Err(e) = r {
-            debug!(error = %e, "pausing or resuming partitions failed");
-        }
+/// Pauses (or resumes) the assigned partitions; answers whether every one was.
+///
+/// librdkafka answers success for the call and writes each partition's own error into
+/// the list: a partition missing from the client's metadata for a moment (a broker
+/// restarting answers that the topic is unknown) is skipped with `_UNKNOWN_PARTITION`.
+/// A resume skipped so left the partition paused for good, and its worker idle with
+/// every record still to read (the Kafka + PostgreSQL soak's stall, docs/reliability.md).
+fn pause(consumer: &BaseConsumer<Ctx>, on: bool) -> bool {
+    let Ok(a) = consumer.assignment() else {
+        return false;
+    };
+    let r = if on {
+        consumer.pause(&a)
+    } else {
+        consumer.resume(&a)
+    };
+    if let Err(e) = r {
+        debug!(error = %e, "pausing or resuming partitions failed");
+        return false;
     }
+    let failed = failed(&a);
+    if failed.is_empty() {
+        return true;
+    }
+    if !on {
+        warn!(partitions = ?failed, "resuming partitions failed; trying again");
+    }
+    false
 }
 
-/// [`Command::Reset`]: each assigned partition read again from its stored position.
+/// The partitions of `tpl` with an error written into the list, and the error.
+fn failed(tpl: &TopicPartitionList) -> Vec<(i32, String)> {
+    tpl.elements()
+        .iter()
+        .filter_map(|e| e.error().err().map(|err| (e.partition(), err.to_string())))
+        .collect()
+}
+
+/// How long [`reset`] tries again a seek librdkafka skipped for a partition.
+const SEEK_RETRY: Duration = Duration::from_secs(30);
+
+/// [`Command::Reset`]: each assigned partition read again from its stored position. A
+/// partition whose seek librdkafka skipped (written into the list, not answered) would be
+/// read on from where its fetches were, past records handed out before the reset: its
+/// seek is tried again until it takes.
 fn reset(consumer: &BaseConsumer<Ctx>, s: &Shared) {
     let parts = lock(&s.state).assigned();
     if parts.is_empty() {
         return;
     }
-    if let Err(e) = consumer.seek_partitions(from_stored(s, &parts), s.timeout) {
-        warn!(error = %e, "seeking to the stored positions failed");
+    let mut tpl = from_stored(s, &parts);
+    let deadline = std::time::Instant::now() + SEEK_RETRY.max(s.timeout);
+    loop {
+        let again = match consumer.seek_partitions(tpl.clone(), s.timeout) {
+            Ok(done) => {
+                let failed = failed(&done);
+                if failed.is_empty() {
+                    return;
+                }
+                warn!(partitions = ?failed, "seeking to the stored positions failed; trying again");
+                let mut again = TopicPartitionList::new();
+                for e in tpl.elements() {
+                    if failed.iter().any(|(p, _)| *p == e.partition()) {
+                        let _ = again.add_partition_offset(&s.topic, e.partition(), e.offset());
+                    }
+                }
+                again
+            }
+            Err(e) => {
+                warn!(error = %e, "seeking to the stored positions failed; trying again");
+                tpl
+            }
+        };
+        if std::time::Instant::now() >= deadline {
+            warn!("seeking to the stored positions failed for {SEEK_RETRY:?}; the partitions are read on from where they were");
+            return;
+        }
+        // librdkafka's own threads refresh the metadata meanwhile; a poll here could
+        // take a record of a partition already sought, and lose it.
+        std::thread::sleep(Duration::from_millis(200));
+        tpl = again;
     }
 }
 

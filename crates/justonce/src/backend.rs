@@ -251,6 +251,12 @@ pub struct TransportOptions {
     /// protocol (`KafkaOptions::assignment`); `None`: the group shares them. Ignored by
     /// the other transports.
     pub kafka_partitions: Option<Vec<i32>>,
+    /// Publish to Kafka with the message id as the record's key (`KafkaOptions::key_by_id`):
+    /// the records spread over the partitions by their ids, and every copy of one id lands
+    /// in one partition, in order. `false` (the default): no key, and librdkafka's sticky
+    /// partitioner, which sends a burst of records to one partition. Ignored by the other
+    /// transports.
+    pub kafka_key_by_id: bool,
 }
 
 impl Default for TransportOptions {
@@ -265,6 +271,7 @@ impl Default for TransportOptions {
             consumer_name: None,
             positions: None,
             kafka_partitions: None,
+            kafka_key_by_id: false,
         }
     }
 }
@@ -285,6 +292,12 @@ impl TransportOptions {
     /// Sets [`TransportOptions::create`].
     pub fn create(mut self, create: bool) -> Self {
         self.create = create;
+        self
+    }
+
+    /// Sets [`TransportOptions::kafka_key_by_id`].
+    pub fn kafka_key_by_id(mut self, on: bool) -> Self {
+        self.kafka_key_by_id = on;
         self
     }
 
@@ -706,7 +719,8 @@ mod kafka {
         // (`group.min.session.timeout.ms`).
         let mut o = KafkaOptions::new(url, queue)
             .create(opts.create)
-            .session_timeout(opts.lease.max(Duration::from_secs(6)));
+            .session_timeout(opts.lease.max(Duration::from_secs(6)))
+            .key_by_id(opts.kafka_key_by_id);
         if let Some(parts) = &opts.kafka_partitions {
             o = o.assign(parts.iter().copied());
         }

@@ -342,6 +342,85 @@ async fn pg_restart() -> bool {
     .unwrap_or(false)
 }
 
+/// The fault proxy in front of the lab's own tansu, made before it: a Kafka client connects
+/// to the bootstrap address once, then to the address the broker advertises, so the
+/// network faults reach a Kafka worker's fetches, produces and commits only through a
+/// broker that advertises the proxy. The lab starts such a tansu of its own whenever it
+/// fires a network fault (a cut, a delay, a black hole, a partition) or a broker restart
+/// on Kafka; the broker at the URL given serves runs with none of them.
+pub(crate) struct KafkaFront {
+    /// The port the tansu listens on, the proxy's upstream.
+    pub(crate) port: u16,
+    pub(crate) proxy: Arc<FaultProxy>,
+}
+
+impl KafkaFront {
+    /// The proxy, and the port behind it, for a `fired` set of faults that needs them.
+    pub(crate) async fn for_faults(
+        fired: &[FaultClass],
+        kind: TransportKind,
+    ) -> anyhow::Result<Option<Self>> {
+        let networked = fired.iter().any(|f| {
+            matches!(
+                f,
+                FaultClass::Cut
+                    | FaultClass::Delay
+                    | FaultClass::Blackhole
+                    | FaultClass::Partition
+                    | FaultClass::BrokerRestart
+            )
+        });
+        if kind != TransportKind::Kafka || !networked {
+            return Ok(None);
+        }
+        let port = justonce_kafka::harness::free_port()?;
+        let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+        Ok(Some(KafkaFront {
+            port,
+            proxy: Arc::new(proxy),
+        }))
+    }
+}
+
+/// The transport of a run firing `fired` on `kind`: the lab's own server where it needs one
+/// (else `given`), the URL the lab's own connections use, and the transport's fault proxy
+/// with the URL the workers and the publisher use through it.
+pub(crate) struct LabTransport {
+    pub(crate) own: Option<OwnBroker>,
+    pub(crate) url: String,
+    pub(crate) proxy: Option<Arc<FaultProxy>>,
+    pub(crate) workers_url: String,
+}
+
+impl LabTransport {
+    pub(crate) async fn start(
+        fired: &[FaultClass],
+        kind: TransportKind,
+        queue: &str,
+        given: impl FnOnce() -> String,
+    ) -> anyhow::Result<Self> {
+        let front = KafkaFront::for_faults(fired, kind).await?;
+        let own = OwnBroker::for_faults(fired, kind, queue, front.as_ref()).await?;
+        let url = own.as_ref().map_or_else(given, OwnBroker::url);
+        let (proxy, workers_url) = match front {
+            // The lab's tansu advertises this proxy: every connection after the bootstrap
+            // goes through it, the lab's own too.
+            Some(front) => {
+                let (via, _) =
+                    through(&url, front.proxy.addr()).context("cannot rewrite the Kafka URL")?;
+                (Some(front.proxy), via)
+            }
+            None => proxied(&url, kind != TransportKind::Sqlite).await?,
+        };
+        Ok(LabTransport {
+            own,
+            url,
+            proxy,
+            workers_url,
+        })
+    }
+}
+
 /// A server the lab started itself to restart it: a Redis, a NATS or a tansu, on a port
 /// and directory of its own; the servers at the URLs given are never restarted.
 pub(crate) enum OwnBroker {
@@ -411,7 +490,10 @@ impl OwnCluster {
 impl OwnBroker {
     /// The lab's own server for `kind`; `None` for a transport whose restarts go to the
     /// server at its URL (RabbitMQ, stopped and started as an app) or that has none.
-    async fn start(kind: TransportKind) -> anyhow::Result<Option<Self>> {
+    async fn start(
+        kind: TransportKind,
+        front: Option<&KafkaFront>,
+    ) -> anyhow::Result<Option<Self>> {
         Ok(match kind {
             TransportKind::Redis => Some(OwnBroker::Redis(
                 justonce_redis::harness::OwnServer::start_durable()
@@ -423,26 +505,33 @@ impl OwnBroker {
                     .await
                     .context("cannot start the lab's own nats-server (is it installed?)")?,
             )),
-            TransportKind::Kafka => Some(OwnBroker::Kafka(
-                justonce_kafka::harness::OwnBroker::start().await.context(
+            TransportKind::Kafka => {
+                use justonce_kafka::harness::OwnBroker as Tansu;
+                let started = match front {
+                    Some(f) => Tansu::start_behind(f.port, f.proxy.addr().to_string()).await,
+                    None => Tansu::start().await,
+                };
+                Some(OwnBroker::Kafka(started.context(
                     "cannot start the lab's own tansu (scripts/services.sh installs it)",
-                )?,
-            )),
+                )?))
+            }
             _ => None,
         })
     }
 
     /// The server a run with `faults` on `kind` needs of its own: the cluster for a
     /// failover (its work queue `queue`), the server to restart for a broker restart.
+    /// On Kafka `front` is the fault proxy the tansu it starts advertises.
     pub(crate) async fn for_faults(
         faults: &[FaultClass],
         kind: TransportKind,
         queue: &str,
+        front: Option<&KafkaFront>,
     ) -> anyhow::Result<Option<Self>> {
         if faults.contains(&FaultClass::Failover) {
             Self::cluster(queue).await.map(Some)
-        } else if faults.contains(&FaultClass::BrokerRestart) {
-            Self::start(kind).await
+        } else if faults.contains(&FaultClass::BrokerRestart) || front.is_some() {
+            Self::start(kind, front).await
         } else {
             Ok(None)
         }

@@ -11,7 +11,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
 
-use super::faults::{proxied, OwnBroker, Proxies, SchemaFault};
+use super::faults::{proxied, LabTransport, Proxies, SchemaFault};
 use super::plot::Samples;
 use super::protocol::LabPoint;
 use super::scrape::Scraped;
@@ -240,11 +240,15 @@ impl Scenario {
         // durable as the guide says it must be); the server at the URL given is left alone.
         let run_id = format!("{:08x}", fastrand::u32(..));
         let queue = format!("justonce-lab-{run_id}");
-        let mut own_broker = OwnBroker::for_faults(&self.fired(), self.t_kind, &queue).await?;
-        let transport = match &own_broker {
-            Some(server) => server.url(),
-            None => self.transport.clone().unwrap_or_else(|| in_tmp("queue.db")),
-        };
+        let LabTransport {
+            own: mut own_broker,
+            url: transport,
+            proxy: t_proxy,
+            workers_url: worker_transport,
+        } = LabTransport::start(&self.fired(), self.t_kind, &queue, || {
+            self.transport.clone().unwrap_or_else(|| in_tmp("queue.db"))
+        })
+        .await?;
         let store_url = self.store.clone().unwrap_or_else(|| in_tmp("store.db"));
         let tables = Tables::new(&format!("jo_lab_{run_id}"))?;
         let plan = Plan::new(self.messages, self.seed, MAX_PAYLOAD);
@@ -263,8 +267,6 @@ impl Scenario {
         .await?;
 
         // The workers' and the publisher's connections go through the fault proxies.
-        let (t_proxy, worker_transport) =
-            proxied(&transport, self.t_kind != TransportKind::Sqlite).await?;
         let (s_proxy, worker_store) = proxied(&store_url, self.s_kind != StoreKind::Sqlite).await?;
         let proxies = Proxies {
             transport: t_proxy,

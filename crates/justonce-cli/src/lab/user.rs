@@ -28,7 +28,7 @@ use justonce::Message;
 use serde::Serialize;
 use tokio::process::Command;
 
-use super::faults::{proxied, OwnBroker, Proxies, SchemaFault};
+use super::faults::{proxied, LabTransport, Proxies, SchemaFault};
 use super::supervisor::{tails, Worker};
 use super::{FaultClass, FaultCounts, LabArgs};
 use crate::bus::Bus;
@@ -255,10 +255,15 @@ impl<'a> UserLab<'a> {
 
     pub(crate) async fn run(&self, progress: bool) -> anyhow::Result<WorkerReport> {
         let args = self.args;
-        let mut own_broker = OwnBroker::for_faults(&self.faults, self.t_kind, self.queue).await?;
-        let transport = own_broker
-            .as_ref()
-            .map_or(self.transport.clone(), OwnBroker::url);
+        let LabTransport {
+            own: mut own_broker,
+            url: transport,
+            proxy: t_proxy,
+            workers_url: worker_transport,
+        } = LabTransport::start(&self.faults, self.t_kind, self.queue, || {
+            self.transport.clone()
+        })
+        .await?;
         let effects = Effects::connect(&self.store, self.s_kind)
             .await
             .context("the lab cannot reach the store for --effects-sql")?;
@@ -278,8 +283,6 @@ impl<'a> UserLab<'a> {
             .collect();
         let resends = orders.iter().filter(|o| o.twice).count() as u64;
 
-        let (t_proxy, worker_transport) =
-            proxied(&transport, self.t_kind != TransportKind::Sqlite).await?;
         let (s_proxy, worker_store) =
             proxied(&self.store, self.s_kind != StoreKind::Sqlite).await?;
         let proxies = Proxies {

@@ -34,15 +34,23 @@ fn pg_url() -> Option<String> {
 
 /// A broker of the test's own; `None` when tansu is missing and services are not required.
 async fn own() -> Option<OwnBroker> {
+    if !tansu() {
+        return None;
+    }
+    Some(OwnBroker::start().await.expect("tansu starts"))
+}
+
+/// Whether tansu is installed; a skip says so, and fails with JUSTONCE_REQUIRE_SERVICES=1.
+fn tansu() -> bool {
     if !OwnBroker::installed() {
         assert!(
             std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
             "tansu is not installed (scripts/services.sh builds it) and JUSTONCE_REQUIRE_SERVICES=1"
         );
         eprintln!("SKIPPED: tansu is not installed");
-        return None;
+        return false;
     }
-    Some(OwnBroker::start().await.expect("tansu starts"))
+    true
 }
 
 fn name(test: &str) -> String {
@@ -602,4 +610,49 @@ async fn deleting_a_topic_leaves_the_other_topics_and_their_records() {
     assert_eq!(got, want, "the other topic's records are all there");
     kept.close().await;
     kept.cleanup().await.unwrap();
+}
+
+/// Forwards every connection it accepts to `127.0.0.1:port`, counting them.
+async fn forwarder(port: u16) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// A broker started behind a proxy tells its clients the proxy's address, and after their
+/// first request they talk to it through the proxy only: what the lab's network faults on
+/// Kafka rest on (a proxy in front of the bootstrap address alone carries no fetch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_started_behind_a_proxy_is_reached_through_it() {
+    if !tansu() {
+        return;
+    }
+    let port = justonce_kafka::harness::free_port().unwrap();
+    let (front, through) = forwarder(port).await;
+    let broker = OwnBroker::start_behind(port, front.to_string())
+        .await
+        .expect("tansu starts behind the proxy");
+    let q = KafkaSource::connect(opts(&broker.brokers(), "behind").partitions(1))
+        .await
+        .unwrap();
+    let sent: Vec<Message> = (0..5).map(|i| msg(&format!("B-{i}"))).collect();
+    q.publish_batch(&sent).await.unwrap();
+    let got = receive_n(&q, 5, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 5, "the records, fetched through the proxy");
+    assert!(
+        through.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the clients bootstrapped at the broker's own port, then connected to the advertised proxy"
+    );
 }
