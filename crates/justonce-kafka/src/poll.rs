@@ -265,22 +265,22 @@ fn pause(consumer: &BaseConsumer<Ctx>, on: bool) -> bool {
         debug!(error = %e, "pausing or resuming partitions failed");
         return false;
     }
-    let failed = failed(&a);
-    if failed.is_empty() {
+    if unsettled(&a).count() == 0 {
         return true;
     }
     if !on {
-        warn!(partitions = ?failed, "resuming partitions failed; trying again");
+        warn!(partitions = ?a, "resuming partitions failed; trying again");
     }
     false
 }
 
-/// The partitions of `tpl` with an error written into the list, and the error.
-fn failed(tpl: &TopicPartitionList) -> Vec<(i32, String)> {
-    tpl.elements()
-        .iter()
-        .filter_map(|e| e.error().err().map(|err| (e.partition(), err.to_string())))
-        .collect()
+/// The entries of `tpl` librdkafka wrote an error into, at their offsets.
+fn unsettled(tpl: &TopicPartitionList) -> TopicPartitionList {
+    let mut out = TopicPartitionList::new();
+    for e in tpl.elements().iter().filter(|e| e.error().is_err()) {
+        let _ = out.add_partition_offset(e.topic(), e.partition(), e.offset());
+    }
+    out
 }
 
 /// How long [`reset`] tries again a seek librdkafka skipped for a partition.
@@ -296,21 +296,16 @@ fn reset(consumer: &BaseConsumer<Ctx>, s: &Shared) {
         return;
     }
     let mut tpl = from_stored(s, &parts);
-    let deadline = std::time::Instant::now() + SEEK_RETRY.max(s.timeout);
+    let patience = SEEK_RETRY.max(s.timeout);
+    let deadline = std::time::Instant::now() + patience;
     loop {
         let again = match consumer.seek_partitions(tpl.clone(), s.timeout) {
             Ok(done) => {
-                let failed = failed(&done);
-                if failed.is_empty() {
+                let again = unsettled(&done);
+                if again.count() == 0 {
                     return;
                 }
-                warn!(partitions = ?failed, "seeking to the stored positions failed; trying again");
-                let mut again = TopicPartitionList::new();
-                for e in tpl.elements() {
-                    if failed.iter().any(|(p, _)| *p == e.partition()) {
-                        let _ = again.add_partition_offset(&s.topic, e.partition(), e.offset());
-                    }
-                }
+                warn!(partitions = ?done, "seeking to the stored positions failed; trying again");
                 again
             }
             Err(e) => {
@@ -319,7 +314,7 @@ fn reset(consumer: &BaseConsumer<Ctx>, s: &Shared) {
             }
         };
         if std::time::Instant::now() >= deadline {
-            warn!("seeking to the stored positions failed for {SEEK_RETRY:?}; the partitions are read on from where they were");
+            warn!("seeking to the stored positions failed for {patience:?}; the partitions are read on from where they were");
             return;
         }
         // librdkafka's own threads refresh the metadata meanwhile; a poll here could

@@ -360,17 +360,10 @@ impl KafkaFront {
         fired: &[FaultClass],
         kind: TransportKind,
     ) -> anyhow::Result<Option<Self>> {
-        let networked = fired.iter().any(|f| {
-            matches!(
-                f,
-                FaultClass::Cut
-                    | FaultClass::Delay
-                    | FaultClass::Blackhole
-                    | FaultClass::Partition
-                    | FaultClass::BrokerRestart
-            )
-        });
-        if kind != TransportKind::Kafka || !networked {
+        let needed = fired
+            .iter()
+            .any(|f| f.is_network() || *f == FaultClass::BrokerRestart);
+        if kind != TransportKind::Kafka || !needed {
             return Ok(None);
         }
         let port = justonce_kafka::harness::free_port()?;

@@ -123,6 +123,15 @@ impl FaultClass {
         Ok(())
     }
 
+    /// Whether the class works through the fault proxies: a cut, a delay, a black hole, a
+    /// partition (the classes [`FaultClass::applies`] gives to every networked pair).
+    pub(crate) fn is_network(self) -> bool {
+        matches!(
+            self,
+            FaultClass::Cut | FaultClass::Delay | FaultClass::Blackhole | FaultClass::Partition
+        )
+    }
+
     /// Whether the class can hit a pipeline on `transport` and `store`.
     pub(crate) fn applies(self, transport: TransportKind, store: StoreKind) -> bool {
         let networked = transport != TransportKind::Sqlite || store != StoreKind::Sqlite;
