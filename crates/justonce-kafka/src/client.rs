@@ -57,9 +57,19 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
         }
         c.set(k, v);
     }
+    // For a diagnosis where the program cannot be changed (a lab's workers, say):
+    // librdkafka's debug contexts (`fetch,topic`), printed on stderr.
+    if let Ok(contexts) = std::env::var(DEBUG_ENV) {
+        c.set("debug", contexts);
+        level = RDKafkaLogLevel::Debug;
+    }
     c.set_log_level(level);
     Ok(c)
 }
+
+/// The environment variable naming librdkafka debug contexts (`fetch,topic,metadata`) for
+/// every client justonce makes.
+pub(crate) const DEBUG_ENV: &str = "JUSTONCE_KAFKA_DEBUG";
 
 pub(crate) fn millis(d: Duration) -> String {
     d.as_millis().max(1).to_string()

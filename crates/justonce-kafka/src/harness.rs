@@ -70,6 +70,13 @@ impl OwnBroker {
         self.dir.path().join("tansu.db")
     }
 
+    /// Where the broker writes its log (every start appends). Its filter is `warn` unless
+    /// `JUSTONCE_TANSU_LOG` gives another (`RUST_LOG` syntax: `info,tansu_storage=debug`),
+    /// so that a test's own `RUST_LOG` does not flood it.
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("tansu.log")
+    }
+
     /// Kills the broker (SIGKILL, as a crash would) and starts it again on the same port
     /// and data directory.
     pub async fn restart(&mut self) -> io::Result<()> {
@@ -91,7 +98,7 @@ impl OwnBroker {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join("tansu.log"))?;
+            .open(self.log())?;
         let child = Command::new(bin)
             .arg("broker")
             .arg("--listener-url")
@@ -101,9 +108,13 @@ impl OwnBroker {
             .arg("--storage-engine")
             .arg("sqlite://tansu.db")
             .current_dir(self.dir.path())
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("JUSTONCE_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            // tansu logs to stdout.
+            .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true)
             .spawn()?;
@@ -114,7 +125,7 @@ impl OwnBroker {
                 return Err(io::Error::other(format!(
                     "tansu on port {} exited with {status} (log: {})",
                     self.port,
-                    self.dir.path().join("tansu.log").display()
+                    self.log().display()
                 )));
             }
             if Instant::now() >= deadline {

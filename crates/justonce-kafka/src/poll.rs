@@ -168,6 +168,7 @@ pub(crate) fn run(
     let most = tx.max_capacity();
     let mut held: VecDeque<Fresh> = VecDeque::new();
     let mut paused = false;
+    let mut errors = Errors::default();
     while !stop.load(Ordering::Relaxed) && !tx.is_closed() {
         while let Ok(cmd) = commands.try_recv() {
             match cmd {
@@ -229,7 +230,7 @@ pub(crate) fn run(
         };
         match consumer.poll(wait) {
             None => {}
-            Some(Err(e)) => debug!(error = %e, "Kafka consumer error"),
+            Some(Err(e)) => errors.saw(&e),
             Some(Ok(m)) => {
                 let epoch = lock(&shared.state).epoch(m.partition());
                 let Some(epoch) = epoch else { continue };
@@ -243,6 +244,41 @@ pub(crate) fn run(
         }
     }
     debug!(topic = %shared.topic, "the poll thread stops");
+}
+
+/// The consumer's errors, as `poll` gives them: each said once at warn while it repeats,
+/// and again when it has gone on for [`ERROR_REPEAT`]. Most pass (a broker restarting, a
+/// connection cut); one that does not is the only sign of a partition read no further, so
+/// it must not be a debug line.
+#[derive(Default)]
+struct Errors {
+    last: Option<(String, std::time::Instant)>,
+    repeats: u64,
+}
+
+/// How often an error that goes on is said again.
+const ERROR_REPEAT: Duration = Duration::from_secs(30);
+
+impl Errors {
+    fn saw(&mut self, e: &rdkafka::error::KafkaError) {
+        let text = e.to_string();
+        let now = std::time::Instant::now();
+        match &mut self.last {
+            Some((last, since)) if *last == text => {
+                self.repeats += 1;
+                if now.duration_since(*since) < ERROR_REPEAT {
+                    return;
+                }
+                warn!(error = %text, repeats = self.repeats, "the Kafka consumer still fails");
+                *since = now;
+            }
+            _ => {
+                warn!(error = %text, "the Kafka consumer failed");
+                self.last = Some((text, now));
+            }
+        }
+        self.repeats = 0;
+    }
 }
 
 /// Pauses (or resumes) the assigned partitions; answers whether every one was.

@@ -78,6 +78,23 @@ impl std::fmt::Debug for KafkaSource {
     }
 }
 
+/// What a fetch asks the broker for at most: room for two of the largest records (tansu
+/// 0.6.0 never answers a record whose key and value reach the limit).
+fn fetch_max_bytes(max_message_bytes: usize) -> usize {
+    max_message_bytes.max(1 << 20) * 2
+}
+
+/// The largest answer the consumer takes. A broker may answer a fetch with more than it
+/// was asked for: tansu 0.6.0 counts only the records' keys and values against the fetch's
+/// limit, not their headers and framing, so an answer of small records with headers can be
+/// several times the limit (8.7 MB for 4 MB asked, seen in the lab). An answer over this
+/// is dropped by librdkafka, which fetches the same offsets again, gets the same answer,
+/// and never moves on: a partition read no further, silently. The bound is a ceiling, not
+/// an allocation (each answer's buffer is its own size).
+fn receive_max_bytes(max_message_bytes: usize) -> usize {
+    (fetch_max_bytes(max_message_bytes) * 32 + (1 << 20)).min(i32::MAX as usize)
+}
+
 impl KafkaSource {
     /// Connects, makes the topics unless they exist, and joins the consumer group.
     /// Partitions are assigned a moment later; until then a receive finds nothing.
@@ -116,17 +133,26 @@ impl KafkaSource {
             .set("session.timeout.ms", millis(session))
             .set("heartbeat.interval.ms", millis(session / 4))
             .set("queued.max.messages.kbytes", "16384")
+            // librdkafka fetches ahead up to 100,000 records a partition by default, and
+            // keeps each answer's buffer while one of its records waits: ten times what
+            // the source's own channel holds is ahead enough.
+            .set(
+                "queued.min.messages",
+                (o.prefetch.saturating_mul(10))
+                    .clamp(1_000, 100_000)
+                    .to_string(),
+            )
             // A fetch answers after at most this long even with nothing new: tansu does
             // not answer a waiting fetch when a record comes, so librdkafka's 500 ms
             // default made every record published to an idle topic wait half a second.
             .set("fetch.wait.max.ms", "50")
             .set(
                 "fetch.max.bytes",
-                (o.max_message_bytes.max(1 << 20) * 4).to_string(),
+                fetch_max_bytes(o.max_message_bytes).to_string(),
             )
             .set(
                 "receive.message.max.bytes",
-                (o.max_message_bytes.max(1 << 20) * 4 + (1 << 20)).to_string(),
+                receive_max_bytes(o.max_message_bytes).to_string(),
             );
         let consumer: BaseConsumer<Ctx> = config
             .create_with_context(Ctx(shared.clone()))

@@ -480,6 +480,23 @@ impl OwnCluster {
     }
 }
 
+/// With `JUSTONCE_LAB_LOGS=DIR`, the lab's tansu leaves its log there (`tansu-PORT.log`)
+/// before its temporary directory goes: a stalled Kafka run has to tell a broker that
+/// stopped answering from a client that stopped asking.
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let (OwnBroker::Kafka(t), Some(dir)) = (&*self, std::env::var_os("JUSTONCE_LAB_LOGS"))
+        else {
+            return;
+        };
+        let port = t.brokers().rsplit(':').next().unwrap_or("0").to_owned();
+        let to = std::path::Path::new(&dir).join(format!("tansu-{port}.log"));
+        if let Err(e) = std::fs::copy(t.log(), &to) {
+            tracing::warn!("cannot keep the lab's tansu log in {}: {e}", to.display());
+        }
+    }
+}
+
 impl OwnBroker {
     /// The lab's own server for `kind`; `None` for a transport whose restarts go to the
     /// server at its URL (RabbitMQ, stopped and started as an app) or that has none.

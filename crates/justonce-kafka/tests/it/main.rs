@@ -533,6 +533,52 @@ async fn a_full_source_hands_every_record_over_once_and_in_order() {
     source.cleanup().await.unwrap();
 }
 
+/// tansu 0.6.0 counts only keys and values against a fetch's byte limit: 2,000 records of
+/// 64 bytes with a 3,000-byte header each are 150 kB of keys and values and a 6 MB answer,
+/// over the 5 MB the consumer used to take (`receive.message.max.bytes`, then four times the
+/// largest record plus 1 MiB). librdkafka dropped that answer, fetched the same offsets
+/// again, and the partition was read no further, with nothing said above debug: the Kafka +
+/// PostgreSQL soak's stall, whose workers fell behind at every store fault and were asked
+/// the whole backlog at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_the_fetch_asked_for_is_read() {
+    let Some(brokers) = brokers() else { return };
+    let _serial = SHARED.lock().await;
+    let o = opts(&brokers, "wide").partitions(1);
+    let publisher = KafkaPublisher::connect(o.clone()).await.unwrap();
+    let pad = "h".repeat(3_000);
+    let orders: Vec<Message> = (0..2_000)
+        .map(|i| {
+            Message::new(vec![b'v'; 64])
+                .with_id(format!("W-{i:04}"))
+                .unwrap()
+                .with_header("pad", pad.clone())
+        })
+        .collect();
+    for chunk in orders.chunks(500) {
+        publisher.publish_batch(chunk).await.unwrap();
+    }
+    let source = KafkaSource::connect(o).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < orders.len() && Instant::now() < deadline {
+        let batch = source
+            .receive(500, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let receipts: Vec<_> = batch.iter().map(|d| &d.receipt).collect();
+        source.ack(&receipts).await.unwrap();
+        got.extend(ids(&batch));
+    }
+    assert_eq!(
+        got.len(),
+        orders.len(),
+        "every record read, the first answer of about 6 MB among them"
+    );
+    source.close().await;
+    source.cleanup().await.unwrap();
+}
+
 /// The repairs the harness makes to tansu 0.6.0's storage (`STORAGE_REPAIRS`) are there
 /// after the start and after a restart: a header is read by its record through the index
 /// (without it every record fetched scanned every header stored), and the trigger that
