@@ -534,9 +534,9 @@ async fn a_full_source_hands_every_record_over_once_and_in_order() {
 }
 
 /// tansu 0.6.0 counts only keys and values against a fetch's byte limit: 2,000 records of
-/// 64 bytes with a 3,000-byte header each are 150 kB of keys and values and a 6 MB answer,
-/// over the 5 MB the consumer used to take (`receive.message.max.bytes`, then four times the
-/// largest record plus 1 MiB). librdkafka dropped that answer, fetched the same offsets
+/// 64 bytes with a 3,000-byte header each are 150 kB of keys and values and a 6 MB answer
+/// to a fetch that asks for 2 MiB, over the 5 MiB the consumer used to take
+/// (`receive.message.max.bytes`, then four times the largest record plus 1 MiB). librdkafka dropped that answer, fetched the same offsets
 /// again, and the partition was read no further, with nothing said above debug: the Kafka +
 /// PostgreSQL soak's stall, whose workers fell behind at every store fault and were asked
 /// the whole backlog at once.
