@@ -2,7 +2,8 @@ use async_trait::async_trait;
 
 use justonce_core::Delivery;
 
-/// The places in a batch's life where a [`FaultHook`] may crash the consumer.
+/// The places in a batch's life where a fault hook (`FaultHook`, feature `fault-injection`)
+/// may crash the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultPoint {
     /// At-most-once only: after the acks, before the handler runs.
