@@ -55,6 +55,11 @@ impl OwnBroker {
         Ok(broker)
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn brokers(&self) -> String {
         format!("127.0.0.1:{}", self.port)

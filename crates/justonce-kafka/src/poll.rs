@@ -246,14 +246,14 @@ pub(crate) fn run(
     debug!(topic = %shared.topic, "the poll thread stops");
 }
 
-/// The consumer's errors, as `poll` gives them: each said once at warn while it repeats,
-/// and again when it has gone on for [`ERROR_REPEAT`]. Most pass (a broker restarting, a
-/// connection cut); one that does not is the only sign of a partition read no further, so
-/// it must not be a debug line.
+/// The consumer's errors, as `poll` gives them, said at warn: each error at most once
+/// every [`ERROR_REPEAT`], with how often it came meanwhile. Most pass (a broker
+/// restarting, a connection cut, which alternate two errors); one that does not is the
+/// only sign of a partition read no further, so it must not be a debug line.
 #[derive(Default)]
 struct Errors {
-    last: Option<(String, std::time::Instant)>,
-    repeats: u64,
+    /// By error: when it was last said, and how often it came since.
+    said: HashMap<String, (std::time::Instant, u64)>,
 }
 
 /// How often an error that goes on is said again.
@@ -262,22 +262,30 @@ const ERROR_REPEAT: Duration = Duration::from_secs(30);
 impl Errors {
     fn saw(&mut self, e: &rdkafka::error::KafkaError) {
         let text = e.to_string();
-        let now = std::time::Instant::now();
-        match &mut self.last {
-            Some((last, since)) if *last == text => {
-                self.repeats += 1;
-                if now.duration_since(*since) < ERROR_REPEAT {
-                    return;
-                }
-                warn!(error = %text, repeats = self.repeats, "the Kafka consumer still fails");
-                *since = now;
-            }
-            _ => {
-                warn!(error = %text, "the Kafka consumer failed");
-                self.last = Some((text, now));
-            }
+        match self.say(&text, std::time::Instant::now()) {
+            Some(0) => warn!(error = %text, "the Kafka consumer failed"),
+            Some(repeats) => warn!(error = %text, repeats, "the Kafka consumer still fails"),
+            None => {}
         }
-        self.repeats = 0;
+    }
+
+    /// Whether `text` is to be said at `now`, and how often it came since it last was.
+    fn say(&mut self, text: &str, now: std::time::Instant) -> Option<u64> {
+        let Some((since, repeats)) = self.said.get_mut(text) else {
+            if self.said.len() >= 64 {
+                self.said.clear(); // errors vary without bound only if their texts do
+            }
+            self.said.insert(text.to_owned(), (now, 0));
+            return Some(0);
+        };
+        *repeats += 1;
+        if now.duration_since(*since) < ERROR_REPEAT {
+            return None;
+        }
+        let n = *repeats;
+        *since = now;
+        *repeats = 0;
+        Some(n)
     }
 }
 
@@ -372,4 +380,33 @@ pub(crate) fn from_stored(s: &Shared, parts: &[i32]) -> TopicPartitionList {
         let _ = tpl.add_partition_offset(&s.topic, *p, offset);
     }
     tpl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two errors that alternate while a broker restarts are each said once, then again
+    /// with their counts once [`ERROR_REPEAT`] has passed.
+    #[test]
+    fn each_error_is_said_once_a_period_even_when_they_alternate() {
+        let mut errors = Errors::default();
+        let t0 = std::time::Instant::now();
+        let (down, cut) = ("all brokers down", "transport failure");
+        assert_eq!(errors.say(down, t0), Some(0));
+        assert_eq!(errors.say(cut, t0), Some(0));
+        for i in 1..=5 {
+            let t = t0 + Duration::from_secs(i);
+            assert_eq!(errors.say(down, t), None);
+            assert_eq!(errors.say(cut, t), None);
+        }
+        let later = t0 + ERROR_REPEAT;
+        assert_eq!(
+            errors.say(down, later),
+            Some(6),
+            "five folded, and this one"
+        );
+        assert_eq!(errors.say(down, later), None);
+        assert_eq!(errors.say(cut, later), Some(6));
+    }
 }

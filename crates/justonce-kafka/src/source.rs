@@ -138,7 +138,8 @@ impl KafkaSource {
             // the source's own channel holds is ahead enough.
             .set(
                 "queued.min.messages",
-                (o.prefetch.saturating_mul(10))
+                o.prefetch
+                    .saturating_mul(10)
                     .clamp(1_000, 100_000)
                     .to_string(),
             )

@@ -485,12 +485,10 @@ impl OwnCluster {
 /// stopped answering from a client that stopped asking.
 impl Drop for OwnBroker {
     fn drop(&mut self) {
-        let (OwnBroker::Kafka(t), Some(dir)) = (&*self, std::env::var_os("JUSTONCE_LAB_LOGS"))
-        else {
+        let (OwnBroker::Kafka(t), Some(dir)) = (&*self, super::supervisor::logs_dir()) else {
             return;
         };
-        let port = t.brokers().rsplit(':').next().unwrap_or("0").to_owned();
-        let to = std::path::Path::new(&dir).join(format!("tansu-{port}.log"));
+        let to = dir.join(format!("tansu-{}.log", t.port()));
         if let Err(e) = std::fs::copy(t.log(), &to) {
             tracing::warn!("cannot keep the lab's tansu log in {}: {e}", to.display());
         }

@@ -19,8 +19,11 @@ impl Samples {
         self.points.push((at.as_secs_f64(), effects));
     }
 
-    /// A fault happened at `at`.
+    /// A fault happened at `at`. Every fault the lab fires passes here, so here it is also
+    /// logged (`JUSTONCE_LOG=warn,justonce::lab=debug`): a stalled run's worker logs are
+    /// read against the faults, in time.
     pub(crate) fn mark(&mut self, at: Duration, label: String) {
+        tracing::debug!(target: "justonce::lab", "fault: {label}");
         self.marks.push((at.as_secs_f64(), label));
     }
 

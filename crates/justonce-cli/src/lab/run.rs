@@ -430,9 +430,6 @@ impl Scenario {
                 }
             }
             for label in upstream.tend(&mut rng, &mut counts).await? {
-                // `JUSTONCE_LOG=info,justonce::lab=debug` puts the faults among the lab's
-                // other lines, in time: what a stalled run's logs are read against.
-                tracing::debug!(target: "justonce::lab", "fault: {label}");
                 samples.mark(started.elapsed(), label);
                 last_fault = Instant::now();
             }
@@ -537,9 +534,6 @@ impl Scenario {
                     }
                     _ => label,
                 };
-                // `JUSTONCE_LOG=info,justonce::lab=debug` puts the faults among the lab's
-                // other lines, in time: what a stalled run's logs are read against.
-                tracing::debug!(target: "justonce::lab", "fault: {label}");
                 samples.mark(started.elapsed(), label);
                 last_fault = Instant::now();
             }

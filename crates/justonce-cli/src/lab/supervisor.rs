@@ -181,9 +181,9 @@ impl Worker {
         let metrics2 = metrics.clone();
         // JUSTONCE_LAB_LOGS=DIR keeps every line each process wrote, one file per start,
         // for a run that has to be looked at afterwards (the tail above holds 20 lines).
-        let mut keep = std::env::var_os("JUSTONCE_LAB_LOGS").and_then(|dir| {
+        let mut keep = logs_dir().and_then(|dir| {
             let name = format!("{}-{slot}-{generation}.log", what.replace(' ', "-"));
-            std::fs::File::create(std::path::Path::new(&dir).join(name)).ok()
+            std::fs::File::create(dir.join(name)).ok()
         });
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
@@ -396,6 +396,12 @@ fn send_signal(target: &str, name: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+/// `JUSTONCE_LAB_LOGS=DIR`: where a run leaves whole logs (each process's, its own
+/// broker's) to be read after it.
+pub(crate) fn logs_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("JUSTONCE_LAB_LOGS").map(Into::into)
 }
 
 #[cfg(test)]

@@ -536,10 +536,10 @@ async fn a_full_source_hands_every_record_over_once_and_in_order() {
 /// tansu 0.6.0 counts only keys and values against a fetch's byte limit: 2,000 records of
 /// 64 bytes with a 3,000-byte header each are 150 kB of keys and values and a 6 MB answer
 /// to a fetch that asks for 2 MiB, over the 5 MiB the consumer used to take
-/// (`receive.message.max.bytes`, then four times the largest record plus 1 MiB). librdkafka dropped that answer, fetched the same offsets
-/// again, and the partition was read no further, with nothing said above debug: the Kafka +
-/// PostgreSQL soak's stall, whose workers fell behind at every store fault and were asked
-/// the whole backlog at once.
+/// (`receive.message.max.bytes`, then four times the largest record plus 1 MiB).
+/// librdkafka dropped that answer, fetched the same offsets again, and the partition was
+/// read no further, with nothing said above debug: the Kafka + PostgreSQL soak's stall,
+/// whose workers fell behind at every store fault and were asked the whole backlog at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_larger_than_the_fetch_asked_for_is_read() {
     let Some(brokers) = brokers() else { return };
@@ -559,17 +559,7 @@ async fn an_answer_larger_than_the_fetch_asked_for_is_read() {
         publisher.publish_batch(chunk).await.unwrap();
     }
     let source = KafkaSource::connect(o).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while got.len() < orders.len() && Instant::now() < deadline {
-        let batch = source
-            .receive(500, Duration::from_millis(300))
-            .await
-            .unwrap();
-        let receipts: Vec<_> = batch.iter().map(|d| &d.receipt).collect();
-        source.ack(&receipts).await.unwrap();
-        got.extend(ids(&batch));
-    }
+    let got = receive_n(&source, orders.len(), Duration::from_secs(60)).await;
     assert_eq!(
         got.len(),
         orders.len(),
