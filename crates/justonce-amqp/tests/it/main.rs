@@ -326,6 +326,10 @@ mod cluster {
     use super::*;
     use justonce_amqp::harness::Cluster;
 
+    /// How long the broker is given to dead-letter a message over its delivery limit,
+    /// leader change included.
+    const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
+
     /// A cluster, or `None` (loudly) where `rabbitmq-server` is not installed; with
     /// JUSTONCE_REQUIRE_SERVICES set, its absence fails the test.
     async fn cluster() -> Option<Cluster> {
@@ -368,15 +372,29 @@ mod cluster {
             .unwrap();
         q.publish(&msg("poison-1")).await.unwrap();
 
+        // Delivered, nacked (no retry tiers: the nack requeues at once and counts against
+        // the limit), until the broker has dead-lettered it. The broker does that on its own
+        // time: the queue's dead-letter worker runs on the new leader and publishes to the
+        // dead-letter queue, whose own leader may still be moving off the killed node, and a
+        // requeue may take a while to come back after the change. So the end is the dead
+        // letter's arrival, not a quiet queue.
+        let deadline = Instant::now() + DEAD_LETTER_WAIT;
         let mut deliveries = 0;
         let mut failed_over = false;
-        loop {
-            let got = q.receive(1, Duration::from_secs(5)).await.unwrap();
-            let Some(d) = got.first() else { break };
+        let mut letters = Vec::new();
+        while letters.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "not dead-lettered within {DEAD_LETTER_WAIT:?} ({deliveries} deliveries)"
+            );
+            let got = q.receive(1, Duration::from_secs(1)).await.unwrap();
+            let Some(d) = got.first() else {
+                letters = q.drain_dead_letters().await.unwrap();
+                continue;
+            };
             assert_eq!(d.message.id().unwrap().as_str(), "poison-1");
             deliveries += 1;
             assert!(deliveries <= 5, "the delivery limit never took it out");
-            // No retry tiers: the nack requeues at once and counts against the limit.
             q.nack(&d.receipt, Duration::ZERO).await.unwrap();
             if !failed_over {
                 cluster.kill(0).await;
@@ -389,7 +407,10 @@ mod cluster {
             }
         }
         assert!(failed_over && deliveries >= 2, "{deliveries} deliveries");
-        let letters = q.drain_dead_letters().await.unwrap();
+        // Neither delivered again nor dead-lettered a second time, a while later.
+        let again = q.receive(1, Duration::from_secs(3)).await.unwrap();
+        assert!(again.is_empty(), "delivered after it was dead-lettered");
+        letters.extend(q.drain_dead_letters().await.unwrap());
         let ids: Vec<&str> = letters
             .iter()
             .map(|m| m.id().map_or("(none)", |id| id.as_str()))
