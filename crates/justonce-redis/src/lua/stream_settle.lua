@@ -4,8 +4,10 @@
 -- KEYS: main stream, retry stream, delayed set, dead-letter stream.
 -- ARGV[1]: group; ARGV[2]: consumer; ARGV[3]: 'ack', 'nack', 'release' or 'dead';
 -- ARGV[4]: the delay in ms (nack); ARGV[5]: the attempts the copy carries ('att');
--- ARGV[6]: n, then n field/value pairs added to a dead letter; then per receipt: tag
--- ('m' or 'r'), entry id, delivery count.
+-- ARGV[6]: n, then n field/value pairs added to a dead letter; then the smallest and the
+-- largest receipt id of the main stream, then of the retry stream (the client compares
+-- them: parsing ids in Lua took most of the script's time); then per receipt: tag ('m' or
+-- 'r'), entry id, delivery count.
 -- A nack or release acks the entry and writes a copy with `att` into the retry stream,
 -- or, with a delay, into the delayed set; the main stream is only ever acked (other groups
 -- may read it). A dead letter is a copy in the dead-letter stream with the reason, and the
@@ -18,7 +20,10 @@ local reason = {}
 for i = 1, 2 * n do
   reason[i] = ARGV[6 + i]
 end
-local first = 7 + 2 * n
+local bounds = {}
+bounds[KEYS[1]] = { ARGV[7 + 2 * n], ARGV[8 + 2 * n] }
+bounds[KEYS[2]] = { ARGV[9 + 2 * n], ARGV[10 + 2 * n] }
+local first = 11 + 2 * n
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -26,17 +31,12 @@ local function key_of(tag)
   if tag == 'm' then return KEYS[1] end
   return KEYS[2]
 end
--- parse and less: stream_ids.lua, prepended.
 -- The delivery counts of this consumer's pending entries between the smallest and the
 -- largest id of the receipts, per stream: one XPENDING instead of one per receipt.
 -- An answer that came back full may have left some out; those are asked one by one.
 local known, full = {}, {}
 local function load(key, ids)
-  local lo, hi = ids[1], ids[1]
-  for _, id in ipairs(ids) do
-    if less(id, lo) then lo = id end
-    if less(hi, id) then hi = id end
-  end
+  local lo, hi = bounds[key][1], bounds[key][2]
   local cap = 4 * #ids + 100
   local rows = redis.call('XPENDING', key, group, lo, hi, cap, me)
   local m = {}

@@ -178,10 +178,7 @@ impl RedisStream {
         let mut conn = connection::open(url, opts.response_timeout).await?;
         let scripts = Scripts {
             ready: Script::new(include_str!("../lua/stream_ready.lua")),
-            settle: Script::new(concat!(
-                include_str!("../lua/stream_ids.lua"),
-                include_str!("../lua/stream_settle.lua")
-            )),
+            settle: Script::new(include_str!("../lua/stream_settle.lua")),
             touch: Script::new(include_str!("../lua/stream_touch.lua")),
             trim: Script::new(concat!(
                 include_str!("../lua/stream_ids.lua"),
