@@ -1,4 +1,5 @@
--- Prepended to the stream scripts that compare entry ids (settle, trim).
+-- Prepended to the trim script, which compares entry ids (the settle script gets its
+-- bounds from the client: parsing every id in Lua cost it about 440 µs a batch of 100).
 -- Entry ids compared as (ms, seq): as strings, '9-0' would sort after '10-0'.
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
