@@ -93,7 +93,18 @@ impl State {
             },
         );
         self.redo.retain(|(p, _)| *p != partition);
+        if let Some(start) = start {
+            self.forget_below(partition, start);
+        }
         self.epochs
+    }
+
+    /// Drops the delivery counts of `partition`'s records before `offset`: reading starts
+    /// there, so they are not received again in this epoch (committed by a transaction of
+    /// the one before, say), and their counts would stay for as long as the process lives.
+    fn forget_below(&mut self, partition: i32, offset: i64) {
+        self.tries
+            .retain(|(p, o), _| *p != partition || *o >= offset);
     }
 
     /// A partition revoked: its receipts are stale from now on.
@@ -128,7 +139,13 @@ impl State {
         if part.epoch != f.epoch || part.next.is_some_and(|n| f.offset < n) {
             return None;
         }
+        let first = part.next.is_none();
         part.next = Some(f.offset + 1);
+        if first {
+            // Started at the earliest or the latest record: this one is where reading began.
+            let (p, start) = (f.partition, f.offset);
+            self.tries.retain(|(q, o), _| *q != p || *o >= start); // as forget_below
+        }
         let tries = self.tries.entry((f.partition, f.offset)).or_insert(0);
         *tries += 1;
         let attempt = *tries;
@@ -419,6 +436,29 @@ mod tests {
                 offset: 3
             }]
         );
+    }
+
+    #[test]
+    fn a_reset_past_records_forgets_their_delivery_counts() {
+        let mut s = State::default();
+        s.assign(0, Some(0));
+        s.assign(1, Some(0));
+        for o in 0..3 {
+            s.accept(fresh(&s, 0, o)).unwrap();
+        }
+        s.accept(fresh(&s, 1, 0)).unwrap();
+        // Offsets 0 and 1 were committed by a transaction of the old epoch.
+        s.assign(0, Some(2));
+        let mut kept: Vec<_> = s.tries.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [(0, 2), (1, 0)], "only what can be read again");
+        assert_eq!(s.accept(fresh(&s, 0, 2)).unwrap().attempt, 2);
+        // Reading from the earliest or latest record: where it began is the first accepted.
+        s.assign(1, None);
+        s.accept(fresh(&s, 1, 4)).unwrap();
+        let mut kept: Vec<_> = s.tries.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [(0, 2), (1, 4)]);
     }
 
     #[test]
