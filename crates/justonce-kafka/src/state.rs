@@ -94,17 +94,9 @@ impl State {
         );
         self.redo.retain(|(p, _)| *p != partition);
         if let Some(start) = start {
-            self.forget_below(partition, start);
+            forget_below(&mut self.tries, partition, start);
         }
         self.epochs
-    }
-
-    /// Drops the delivery counts of `partition`'s records before `offset`: reading starts
-    /// there, so they are not received again in this epoch (committed by a transaction of
-    /// the one before, say), and their counts would stay for as long as the process lives.
-    fn forget_below(&mut self, partition: i32, offset: i64) {
-        self.tries
-            .retain(|(p, o), _| *p != partition || *o >= offset);
     }
 
     /// A partition revoked: its receipts are stale from now on.
@@ -143,8 +135,7 @@ impl State {
         part.next = Some(f.offset + 1);
         if first {
             // Started at the earliest or the latest record: this one is where reading began.
-            let (p, start) = (f.partition, f.offset);
-            self.tries.retain(|(q, o), _| *q != p || *o >= start); // as forget_below
+            forget_below(&mut self.tries, f.partition, f.offset);
         }
         let tries = self.tries.entry((f.partition, f.offset)).or_insert(0);
         *tries += 1;
@@ -337,6 +328,14 @@ fn delivery(
             hand,
         }),
     }
+}
+
+/// Drops from `tries` the delivery counts of `partition`'s records before `offset`: reading
+/// starts there, so they are not received again in this epoch (committed by a transaction
+/// of the one before, say), and their counts would stay for as long as the process lives.
+/// A function of the map, not of `State`: `accept` calls it while it holds a partition.
+fn forget_below(tries: &mut HashMap<(i32, i64), u32>, partition: i32, offset: i64) {
+    tries.retain(|(p, o), _| *p != partition || *o >= offset);
 }
 
 #[cfg(test)]
