@@ -352,6 +352,25 @@ mod cluster {
         )
     }
 
+    /// Waits (30 s at most) until a node other than `old` leads `queue`.
+    async fn led_by_another(cluster: &Cluster, queue: &str, old: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(cluster.leader(queue).await, Some(l) if l != old) {
+            assert!(Instant::now() < deadline, "no new leader within 30 s");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Starts the killed node 1 again, stops the node leading `queue` gracefully and
+    /// waits for another to lead; answers the node stopped.
+    async fn new_leader(cluster: &mut Cluster, queue: &str) -> usize {
+        cluster.start_node(0).await.expect("node 1 starts again");
+        let old = cluster.leader(queue).await.expect("a leader");
+        cluster.stop(old).await.expect("the leader stops");
+        led_by_another(cluster, queue, old).await;
+        old
+    }
+
     /// The first source article's blind spot: a quorum queue dead-letters at-most-once
     /// unless told otherwise, so a message over its delivery limit can vanish when the
     /// leader changes. justonce declares `x-dead-letter-strategy: at-least-once`: the
@@ -372,7 +391,7 @@ mod cluster {
         drop(first);
         assert_eq!(cluster.leader(&o.queue).await, Some(0));
         let mut client = 1;
-        let q = AmqpSource::connect(&cluster.url(client), o.clone())
+        let mut q = AmqpSource::connect(&cluster.url(client), o.clone())
             .await
             .unwrap();
         q.publish(&msg("poison-1")).await.unwrap();
@@ -391,7 +410,6 @@ mod cluster {
         // worker. So when nothing has moved for NUDGE_AFTER, node 1 is started again and
         // the leader stopped gracefully, once: a message that then arrives, once, was kept.
         let deadline = Instant::now() + DEAD_LETTER_WAIT;
-        let mut q = q;
         let mut deliveries = 0;
         let mut failed_over = false;
         let mut nudged = false;
@@ -406,17 +424,11 @@ mod cluster {
             let got = q.receive(1, Duration::from_secs(1)).await.unwrap();
             let Some(d) = got.first() else {
                 letters = q.drain_dead_letters().await.unwrap();
-                if letters.is_empty() && failed_over && !nudged && moved.elapsed() > NUDGE_AFTER {
+                let stuck = failed_over && !nudged && moved.elapsed() > NUDGE_AFTER;
+                if letters.is_empty() && stuck {
+                    eprintln!("nothing moved for {NUDGE_AFTER:?} after {deliveries} deliveries");
                     nudged = true;
-                    eprintln!("no progress for {NUDGE_AFTER:?} after {deliveries} deliveries: a new leader");
-                    cluster.start_node(0).await.expect("node 1 starts again");
-                    let old = cluster.leader(&o.queue).await.expect("a leader");
-                    cluster.stop(old).await.expect("the leader stops");
-                    let until = Instant::now() + Duration::from_secs(30);
-                    while !matches!(cluster.leader(&o.queue).await, Some(l) if l != old) {
-                        assert!(Instant::now() < until, "no new leader within 30 s");
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
+                    let old = new_leader(&mut cluster, &o.queue).await;
                     // The client's node may be the one stopped: then a node that runs. (Not
                     // otherwise: a client that is dropped with a delivery its consumer
                     // prefetched holds it until its connection closes.)
@@ -437,11 +449,7 @@ mod cluster {
             q.nack(&d.receipt, Duration::ZERO).await.unwrap();
             if !failed_over {
                 cluster.kill(0).await;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while !matches!(cluster.leader(&o.queue).await, Some(l) if l != 0) {
-                    assert!(Instant::now() < deadline, "no new leader within 30 s");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
+                led_by_another(&cluster, &o.queue, 0).await;
                 failed_over = true;
             }
         }
