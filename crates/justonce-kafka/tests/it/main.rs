@@ -92,7 +92,9 @@ fn ids(ds: &[justonce_core::Delivery]) -> Vec<String> {
 }
 
 /// The transport contract, on one partition (the contract's order is a partition's),
-/// with records up to 4 MiB (it sends one over 1 MiB).
+/// with records up to 4 MiB (it sends one over 1 MiB). The consumer fetches ahead: records
+/// published a moment apart may come in two fetches (tansu answers a fetch only when its
+/// 50 ms wait runs out), so in two receives.
 mod contract {
     use super::*;
     use justonce_test::{transport::Queue, Backend};
@@ -107,7 +109,7 @@ mod contract {
         )
         .await
         .unwrap();
-        Some(Backend::new(Queue::new(q, Duration::from_millis(500))).keeping(serial))
+        Some(Backend::new(Queue::new(q, Duration::from_millis(500)).prefetching()).keeping(serial))
     });
 }
 
