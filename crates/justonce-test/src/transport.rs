@@ -51,6 +51,20 @@ impl<Q: Source + Publisher + Inspect> Queue<Q> {
         self.queue.receive(max, wait).await.unwrap()
     }
 
+    /// Receives (up to 10 at a time, so that one too many shows) onto `got` until it holds
+    /// `n` deliveries or `within` ran out.
+    async fn receive_until(
+        &self,
+        got: &mut Vec<justonce_core::Delivery>,
+        n: usize,
+        within: Duration,
+    ) {
+        let deadline = Instant::now() + within;
+        while got.len() < n && Instant::now() < deadline {
+            got.extend(self.receive(10, Duration::from_millis(500)).await);
+        }
+    }
+
     async fn one(&self, what: &str) -> justonce_core::Delivery {
         let mut got = self
             .receive(10, self.lease * 4 + Duration::from_secs(2))
@@ -88,20 +102,15 @@ pub async fn publish_then_receive_in_order<Q: Source + Publisher + Inspect>(
         .unwrap();
     let mut got = q.receive(10, Duration::from_secs(2)).await;
     assert!(!got.is_empty(), "a receive returns the ready messages");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while q.prefetching && got.len() < 3 && Instant::now() < deadline {
-        got.extend(q.receive(10 - got.len(), Duration::from_millis(500)).await);
+    if q.prefetching {
+        q.receive_until(&mut got, 3, Duration::from_secs(5)).await;
     }
     let ids: Vec<String> = got.iter().map(id_of).collect();
     assert_eq!(
         ids,
         [format!("{ns}-a"), format!("{ns}-b"), format!("{ns}-c")],
-        "receive returns every ready message up to max, in publish order{}",
-        if q.prefetching {
-            " (over receives: the consumer fetches ahead)"
-        } else {
-            ""
-        }
+        "receive returns every ready message up to max (over receives if the consumer \
+         fetches ahead), in publish order"
     );
     assert!(
         got.iter().all(|d| d.attempt == 1 && !d.redelivered),
@@ -269,10 +278,8 @@ async fn dead_letters_of<Q: Source + Publisher + Inspect>(q: &Queue<Q>, ns: &str
         q.queue.publish(&q.msg(ns, n)).await.unwrap();
     }
     let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while got.len() < names.len() && Instant::now() < deadline {
-        got.extend(q.receive(10, Duration::from_millis(500)).await);
-    }
+    q.receive_until(&mut got, names.len(), Duration::from_secs(10))
+        .await;
     assert_eq!(
         got.len(),
         names.len(),
@@ -427,10 +434,7 @@ pub async fn bad_messages_are_still_delivered<Q: Source + Publisher + Inspect>(
     q.queue.publish(&Message::new("no id")).await.unwrap();
     q.queue.publish(&big).await.unwrap();
     let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.len() < 2 && Instant::now() < deadline {
-        got.extend(q.receive(10, Duration::from_millis(500)).await);
-    }
+    q.receive_until(&mut got, 2, Duration::from_secs(5)).await;
     assert_eq!(got.len(), 2, "both messages are delivered");
     assert!(
         got[0].message.id().is_none(),
