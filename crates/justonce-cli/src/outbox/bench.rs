@@ -5,6 +5,11 @@
 //!   `publish_batch` of `batch`), against the same messages, already committed to the
 //!   outbox, drained by a relay of `concurrency` loops taking `batch` rows; the paired
 //!   ratio relay / direct per round, and its median.
+//! - **Ceiling** (`--ceiling`): in each round also a relay into a publisher that sends
+//!   nothing and confirms at once, so that only the outbox's own work is timed (take,
+//!   lease, read, mark); ceiling / direct is about the highest relay / direct this
+//!   store allows on this machine, whatever the transport. It is a publishing relay's,
+//!   also where the relay moves the rows.
 //! - **Latency**: with the relay idle (its poll at 1 s, so only a wake-up is fast), one
 //!   message at a time: from the business commit to its arrival at a consumer, through the
 //!   outbox, against a publish right after the commit; the p50 the outbox adds.
@@ -60,6 +65,10 @@ pub(crate) struct BenchArgs {
     /// the relay otherwise moves the rows in one transaction).
     #[arg(long)]
     publish: bool,
+    /// Also time, in each round, a relay into a publisher that sends nothing: the
+    /// outbox's own rate, about the most any relay of it reaches.
+    #[arg(long)]
+    ceiling: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -85,6 +94,10 @@ struct Report {
     relay_median: f64,
     /// Median of the paired per-round ratios relay / direct.
     ratio_median: f64,
+    /// With `--ceiling`: messages per second of each round's relay into a publisher that
+    /// sends nothing, their median, and the median of the paired ratios ceiling / direct.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ceiling: Option<Ceiling>,
     latency_direct_p50_ms: f64,
     latency_outbox_p50_ms: f64,
     latency_outbox_p99_ms: f64,
@@ -92,6 +105,13 @@ struct Report {
     latency_added_p50_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     soak: Option<Soak>,
+}
+
+#[derive(Debug, Serialize)]
+struct Ceiling {
+    rounds: Vec<f64>,
+    median: f64,
+    ratio_median: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -168,6 +188,13 @@ fn table(r: &Report) -> String {
         r.latency_outbox_p99_ms,
         r.latency_added_p50_ms
     );
+    if let Some(c) = &r.ceiling {
+        out += &format!(
+            "ceiling (a relay into a publisher that sends nothing): {:.0} msg/s; \
+             ceiling/direct {:.2}, about the highest relay/direct this store allows here\n",
+            c.median, c.ratio_median
+        );
+    }
     if let Some(s) = &r.soak {
         out += &format!(
             "soak: {} messages in {:.1} s while relaying; largest backlog {} rows; left {} rows, \
@@ -225,38 +252,45 @@ async fn run_on<B: Bank>(
             _ => "publish",
         }
     };
-    let bar = crate::demo::progress_bar(args.json, (args.rounds * 2) as u64, "rounds");
-    let (mut direct, mut relay) = (Vec::new(), Vec::new());
+    let mut phases = vec![Phase::Direct, Phase::Relay];
+    if args.ceiling {
+        phases.push(Phase::Ceiling);
+    }
+    let bar = crate::demo::progress_bar(args.json, (args.rounds * phases.len()) as u64, "rounds");
+    let (mut direct, mut relay, mut ceiling) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..args.rounds {
         let msgs = messages(&format!("{run}-{r}"), args.messages);
-        let order = if r % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for is_direct in order {
-            let queue = format!(
-                "jo-obench-{run}-{r}-{}",
-                if is_direct { "direct" } else { "relay" }
-            );
+        // Each phase goes first in turn.
+        let mut order = phases.clone();
+        order.rotate_left(r % phases.len());
+        for phase in order {
+            let queue = format!("jo-obench-{run}-{r}-{}", phase.name());
             let bus = Bus::open_publisher(transport, &queue, &args.topology).await?;
-            let rate = if is_direct {
-                publish_direct(&bus, &msgs, args).await?
-            } else {
-                let at = (&bus, transport, queue.as_str());
-                drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args).await?
+            let at = (&bus, transport, queue.as_str());
+            let (rate, into) = match phase {
+                Phase::Direct => (publish_direct(&bus, &msgs, args).await?, &mut direct),
+                Phase::Relay => (
+                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, false).await?,
+                    &mut relay,
+                ),
+                Phase::Ceiling => (
+                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, true).await?,
+                    &mut ceiling,
+                ),
             };
             bus.cleanup().await?;
-            if is_direct {
-                direct.push(rate);
-            } else {
-                relay.push(rate);
-            }
+            into.push(rate);
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    let ratios: Vec<f64> = relay.iter().zip(&direct).map(|(r, d)| r / d).collect();
+    let paired = |xs: &[f64]| -> Vec<f64> { xs.iter().zip(&direct).map(|(x, d)| x / d).collect() };
+    let ratios = paired(&relay);
+    let ceiling = args.ceiling.then(|| Ceiling {
+        median: median(ceiling.clone()),
+        ratio_median: median(paired(&ceiling)),
+        rounds: ceiling,
+    });
     let (lat_direct, lat_outbox) = latency(&store, &outbox, transport, &run, args).await?;
     let soak = if args.soak > 0 {
         Some(soak(&store, &outbox, transport, &run, &tables, args).await?)
@@ -277,6 +311,7 @@ async fn run_on<B: Bank>(
         direct,
         relay,
         ratio_median: median(ratios),
+        ceiling,
         latency_direct_p50_ms: percentile(&lat_direct, 50),
         latency_outbox_p50_ms: percentile(&lat_outbox, 50),
         latency_outbox_p99_ms: percentile(&lat_outbox, 99),
@@ -338,7 +373,44 @@ fn busy_relay(args: &BenchArgs) -> RelayOptions {
         .concurrency(args.concurrency)
 }
 
-/// Commits `msgs` to the outbox (untimed), then times a relay draining them; msg/s.
+/// The phases of a throughput round.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Publishing directly, with confirms.
+    Direct,
+    /// The relay, into the transport.
+    Relay,
+    /// The relay, into [`Discard`].
+    Ceiling,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Direct => "direct",
+            Phase::Relay => "relay",
+            Phase::Ceiling => "ceiling",
+        }
+    }
+}
+
+/// A publisher that sends nothing and confirms every message at once: a relay into it
+/// does only the outbox's own work.
+struct Discard;
+
+#[justonce::async_trait]
+impl justonce::Publisher for Discard {
+    async fn publish(&self, _message: &Message) -> justonce::Result<()> {
+        Ok(())
+    }
+
+    async fn publish_batch(&self, _messages: &[Message]) -> justonce::Result<()> {
+        Ok(())
+    }
+}
+
+/// Commits `msgs` to the outbox (untimed), then times a relay draining them (into
+/// [`Discard`] when `discard`); msg/s.
 async fn drain_by_relay<B: Bank>(
     store: &B,
     outbox: &B::Outbox,
@@ -346,6 +418,7 @@ async fn drain_by_relay<B: Bank>(
     (bus, transport, queue): (&Bus, &str, &str),
     msgs: &[Message],
     args: &BenchArgs,
+    discard: bool,
 ) -> anyhow::Result<f64> {
     for chunk in msgs.chunks(args.batch) {
         let mut tx = store.begin().await?;
@@ -354,7 +427,11 @@ async fn drain_by_relay<B: Bank>(
         }
         store.commit(tx).await?;
     }
-    let relay = relay_of(outbox, bus, (transport, queue), busy_relay(args), args).await?;
+    let relay = if discard {
+        Relay::new(outbox.clone(), Discard, busy_relay(args))?
+    } else {
+        relay_of(outbox, bus, (transport, queue), busy_relay(args), args).await?
+    };
     let started = Instant::now();
     let running = relay.spawn();
     // The first row, by its key, every 5 ms; the count only once that is gone. A count

@@ -145,6 +145,7 @@ fn outbox_bench_measures_both_sides_and_the_soak_leaves_the_table_empty() {
         "3",
         "--soak",
         "500",
+        "--ceiling",
         "--json",
     ]);
     assert!(
@@ -156,6 +157,8 @@ fn outbox_bench_measures_both_sides_and_the_soak_leaves_the_table_empty() {
     assert_eq!(v["direct"].as_array().unwrap().len(), 2, "{v}");
     assert_eq!(v["relay"].as_array().unwrap().len(), 2, "{v}");
     assert!(v["ratio_median"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["ceiling"]["rounds"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["ceiling"]["ratio_median"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["latency_outbox_p50_ms"].as_f64().unwrap() > 0.0, "{v}");
     assert_eq!(v["soak"]["messages"], 500, "{v}");
     assert_eq!(v["soak"]["rows_left"], 0, "every soaked message sent: {v}");
