@@ -57,6 +57,29 @@ impl Variant {
     }
 }
 
+/// The message ids a run publishes. The dedup table's key ends in the message id, so the
+/// order of the ids decides where its inserts land: in one place (ordered ids) or all over
+/// its index (random ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub(crate) enum Ids {
+    /// `b-000000042`: short, in publish order (the default).
+    Counter,
+    /// A UUIDv7 (RFC 9562): time-ordered, 36 characters.
+    Uuid7,
+    /// A UUIDv4: random, 36 characters.
+    Uuid4,
+}
+
+impl Ids {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Ids::Counter => "counter",
+            Ids::Uuid7 => "uuid7",
+            Ids::Uuid4 => "uuid4",
+        }
+    }
+}
+
 /// Arguments of `justonce bench`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -98,6 +121,10 @@ pub(crate) struct BenchArgs {
     /// batched size for at-least-once and effectively-once.
     #[arg(long, value_delimiter = ',', default_value = "1000,100,10000")]
     msg_bytes: Vec<usize>,
+    /// Message ids: the first is used everywhere, the others are swept at the batched size
+    /// for at-least-once and effectively-once (`counter,uuid4` prices random ids).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "counter")]
+    ids: Vec<Ids>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -139,12 +166,14 @@ struct Case {
     msg_bytes: usize,
     /// Consumer processes; 0 consumes in the run's own process.
     workers: usize,
+    ids: Ids,
 }
 
 fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
     let c0 = args.concurrency[0];
     let s0 = args.msg_bytes[0];
     let w0 = args.workers.first().copied().unwrap_or(0);
+    let i0 = args.ids[0];
     let mut out = Vec::new();
     for &batch in &args.batch {
         for &variant in &args.variants {
@@ -154,6 +183,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 concurrency: c0,
                 msg_bytes: s0,
                 workers: w0,
+                ids: i0,
             });
         }
     }
@@ -171,6 +201,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 concurrency,
                 msg_bytes: s0,
                 workers: w0,
+                ids: i0,
             });
         }
     }
@@ -182,6 +213,19 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 concurrency: c0,
                 msg_bytes,
                 workers: w0,
+                ids: i0,
+            });
+        }
+    }
+    for &ids in &args.ids[1..] {
+        for &variant in &swept {
+            out.push(Case {
+                variant,
+                batch: batched,
+                concurrency: c0,
+                msg_bytes: s0,
+                workers: w0,
+                ids,
             });
         }
     }
@@ -195,6 +239,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
                 concurrency: c0,
                 msg_bytes: s0,
                 workers,
+                ids: i0,
             });
         }
     }
@@ -206,8 +251,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.messages == 0 || args.repeats == 0 {
         bail!("--messages and --repeats must each be at least 1");
     }
-    if args.batch.is_empty() || args.concurrency.is_empty() || args.msg_bytes.is_empty() {
-        bail!("--batch, --concurrency and --msg-bytes each need at least one value");
+    if args.batch.is_empty()
+        || args.concurrency.is_empty()
+        || args.msg_bytes.is_empty()
+        || args.ids.is_empty()
+    {
+        bail!("--batch, --concurrency, --msg-bytes and --ids each need at least one value");
     }
     if args.batch.contains(&0) || args.concurrency.contains(&0) || args.workers.contains(&0) {
         bail!("batch sizes, concurrencies and workers must be at least 1");
@@ -241,11 +290,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         for k in 0..cases.len() {
             let case = cases[(k + round) % cases.len()];
             bar.set_message(format!(
-                "{} batch {} x{} {} B{}",
+                "{} batch {} x{} {} B, {} ids{}",
                 case.variant.as_str(),
                 case.batch,
                 case.concurrency,
                 case.msg_bytes,
+                case.ids.as_str(),
                 match case.workers {
                     0 => String::new(),
                     w => format!(", {w} workers"),
@@ -304,6 +354,7 @@ async fn child(
         .args(["--batch", &case.batch.to_string()])
         .args(["--concurrency", &case.concurrency.to_string()])
         .args(["--msg-bytes", &case.msg_bytes.to_string()])
+        .args(["--ids", case.ids.as_str()])
         .args(["--messages", &messages.to_string()])
         .args(["--latency-messages", &latency.to_string()])
         .args(["--name", &name])
@@ -334,12 +385,13 @@ async fn child(
             Ok(r)
         }
         _ => bail!(
-            "bench run {} (batch {}, concurrency {}, {} B, {} workers) failed ({}): {}",
+            "bench run {} (batch {}, concurrency {}, {} B, {} workers, {} ids) failed ({}): {}",
             case.variant.as_str(),
             case.batch,
             case.concurrency,
             case.msg_bytes,
             case.workers,
+            case.ids.as_str(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ),

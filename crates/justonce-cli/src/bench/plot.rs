@@ -6,7 +6,7 @@ use super::BenchReport;
 
 const COLORS: [&str; 4] = ["#555555", "#d62728", "#ff7f0e", "#2ca02c"];
 
-/// The main sweep (first concurrency, first message size): msgs/s against batch size on a
+/// The main sweep (first concurrency, message size, workers and ids): msgs/s against batch size on a
 /// logarithmic axis.
 pub(crate) fn svg(r: &BenchReport) -> String {
     const W: f64 = 760.0;
@@ -14,14 +14,17 @@ pub(crate) fn svg(r: &BenchReport) -> String {
     const L: f64 = 70.0;
     const B: f64 = 50.0;
     const R: f64 = 170.0;
-    let (c0, s0) = r
-        .variants
-        .first()
-        .map_or((1, 0), |v| (v.concurrency, v.msg_bytes));
+    // The batch sweep only: the first case's concurrency, size, workers and ids.
+    let (c0, s0, w0, ids0) = r.variants.first().map_or((1, 0, 0, ""), |v| {
+        (v.concurrency, v.msg_bytes, v.workers, v.ids.as_str())
+    });
     let main: Vec<_> = r
         .variants
         .iter()
-        .filter(|v| v.concurrency == c0 && v.msg_bytes == s0 && v.msgs_per_sec.is_finite())
+        .filter(|v| {
+            (v.concurrency, v.msg_bytes, v.workers, v.ids.as_str()) == (c0, s0, w0, ids0)
+                && v.msgs_per_sec.is_finite()
+        })
         .collect();
     let mut batches: Vec<usize> = main.iter().map(|v| v.batch).collect();
     batches.sort_unstable();

@@ -19,6 +19,8 @@ pub(crate) struct VariantReport {
     pub(crate) msg_bytes: usize,
     /// Consumer processes (0: in the run's own process).
     pub(crate) workers: usize,
+    /// The message ids (`counter`, `uuid7`, `uuid4`).
+    pub(crate) ids: String,
     pub(crate) msgs_per_sec: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
@@ -40,6 +42,16 @@ pub(crate) struct Scaling {
     pub(crate) ratio: f64,
 }
 
+/// A variant's throughput with other message ids, against the first `--ids` kind.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct IdsCost {
+    pub(crate) variant: String,
+    pub(crate) ids: String,
+    pub(crate) base_ids: String,
+    /// Median of the paired ratios of msgs/s (`ids` / `base_ids`).
+    pub(crate) ratio: f64,
+}
+
 /// The ratios the targets are about (medians of paired runs); `null` when a run
 /// needed for one was not in the sweep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,6 +63,8 @@ pub(crate) struct Ratios {
     pub(crate) p50_added_ms_unbatched: Option<f64>,
     /// Each variant's throughput with more consumer processes (`--workers`).
     pub(crate) workers_scaling: Vec<Scaling>,
+    /// Each variant's throughput with other message ids (`--ids`).
+    pub(crate) ids: Vec<IdsCost>,
 }
 
 /// The whole report.
@@ -95,6 +109,7 @@ pub(crate) fn report(
                 concurrency: c.concurrency,
                 msg_bytes: c.msg_bytes,
                 workers: c.workers,
+                ids: c.ids.as_str().into(),
                 msgs_per_sec: col(|x| x.msgs_per_sec),
                 p50_ms: col(|x| x.p50_ms),
                 p99_ms: col(|x| x.p99_ms),
@@ -112,6 +127,7 @@ pub(crate) fn report(
         concurrency: args.concurrency[0],
         msg_bytes: args.msg_bytes[0],
         workers: w0,
+        ids: args.ids[0],
     };
     // Paired: the two runs of one round, made minutes apart at most.
     let paired = |a: Case, b: Case, f: fn(&RunResult, &RunResult) -> f64| -> Option<f64> {
@@ -162,6 +178,23 @@ pub(crate) fn report(
                 })
             })
             .collect(),
+        ids: args
+            .ids
+            .iter()
+            .skip(1)
+            .flat_map(|&ids| {
+                args.variants.iter().filter_map(move |&variant| {
+                    let base = at(variant, batched);
+                    let other = Case { ids, ..base };
+                    Some(IdsCost {
+                        variant: variant.as_str().into(),
+                        ids: ids.as_str().into(),
+                        base_ids: args.ids[0].as_str().into(),
+                        ratio: paired(other, base, speed)?,
+                    })
+                })
+            })
+            .collect(),
     };
     let transport = args
         .transport
@@ -206,12 +239,13 @@ pub(crate) fn table(r: &BenchReport) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
+        "{:<17} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
         "variant",
         "batch",
         "conc",
         "workers",
         "bytes",
+        "ids",
         "msgs/s",
         "p50 ms",
         "p99 ms",
@@ -223,7 +257,7 @@ pub(crate) fn table(r: &BenchReport) -> String {
         let deadlocks: Option<u64> = v.deadlocks.iter().copied().sum();
         let _ = writeln!(
             s,
-            "{:<17} {:>5} {:>4} {:>7} {:>6} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
+            "{:<17} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
             v.name,
             v.batch,
             v.concurrency,
@@ -233,6 +267,7 @@ pub(crate) fn table(r: &BenchReport) -> String {
                 v.workers.to_string()
             },
             v.msg_bytes,
+            v.ids,
             v.msgs_per_sec,
             v.p50_ms,
             v.p99_ms,
@@ -246,6 +281,13 @@ pub(crate) fn table(r: &BenchReport) -> String {
             s,
             "{} with {} workers / {}: {:.3}",
             sc.variant, sc.workers, sc.base_workers, sc.ratio
+        );
+    }
+    for c in &r.ratios.ids {
+        let _ = writeln!(
+            s,
+            "{} with {} ids / {} ids: {:.3}",
+            c.variant, c.ids, c.base_ids, c.ratio
         );
     }
     let f = |x: Option<f64>| x.map_or("n/a".to_owned(), |x| format!("{x:.3}"));

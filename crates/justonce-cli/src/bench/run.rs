@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use super::bare::{bare_amqp, bare_kafka, bare_nats, bare_redis, bare_source, joined};
 use super::clock::{cpu_seconds, peak_rss_mb, percentile, Clock, CommitClock};
 use super::server::{deadlocks, settle};
-use super::Variant;
+use super::{Ids, Variant};
 use crate::bus::{Bus, Topology};
 use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
 use justonce::backend::{StoreKind, TransportKind};
@@ -56,6 +56,9 @@ pub(crate) struct BenchRunArgs {
     /// Payload size in bytes.
     #[arg(long)]
     pub(crate) msg_bytes: usize,
+    /// Message ids.
+    #[arg(long, value_enum, default_value = "counter")]
+    pub(crate) ids: Ids,
     /// Messages of the timed drain.
     #[arg(long)]
     pub(crate) messages: u64,
@@ -131,11 +134,14 @@ struct Padded<'a> {
 /// different rows, so concurrent batches never wait for each other's account locks, which
 /// prices the consumer rather than the hot rows. With `accounts` it pays into one of the
 /// first `accounts` at random: a hot set, where concurrent batches meet on the same rows.
+/// Its message id is `ids`' kind; the order id in the payload (the ledger's) is the counter
+/// whatever the ids.
 fn message(
     i: u64,
     rng: &mut fastrand::Rng,
     msg_bytes: usize,
     accounts: i64,
+    ids: Ids,
 ) -> anyhow::Result<Message> {
     let order_id = format!("b-{i:09}");
     let account = if accounts > 0 {
@@ -155,7 +161,18 @@ fn message(
     let base = serde_json::to_vec(&p)?.len();
     let pad = "x".repeat(msg_bytes.saturating_sub(base));
     p.pad = &pad;
-    Ok(Message::json(&p)?.with_id(order_id)?)
+    let id = match ids {
+        Ids::Counter => order_id,
+        Ids::Uuid7 => uuid::Uuid::now_v7().to_string(),
+        Ids::Uuid4 => {
+            let mut bytes = [0u8; 16];
+            rng.fill(&mut bytes);
+            uuid::Builder::from_random_bytes(bytes)
+                .into_uuid()
+                .to_string()
+        }
+    };
+    Ok(Message::json(&p)?.with_id(id)?)
 }
 
 pub(crate) async fn run(args: BenchRunArgs) -> anyhow::Result<()> {
@@ -246,7 +263,7 @@ async fn load(
     while next < range.end {
         let n = (range.end - next).min(500);
         let chunk = (next..next + n)
-            .map(|i| message(i, rng, args.msg_bytes, args.accounts))
+            .map(|i| message(i, rng, args.msg_bytes, args.accounts, args.ids))
             .collect::<anyhow::Result<Vec<_>>>()?;
         if let Some(clock) = clock {
             clock.sent(&chunk);
@@ -576,4 +593,38 @@ async fn start<B: Bank>(
             .await?;
         Ok(())
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(kind: Ids) -> Vec<String> {
+        let mut rng = fastrand::Rng::with_seed(7);
+        (0..300)
+            .map(|i| {
+                let m = message(i, &mut rng, 200, 0, kind).expect("a message");
+                m.id().expect("an id").as_str().to_owned()
+            })
+            .collect()
+    }
+
+    fn sorted(v: &[String]) -> bool {
+        v.windows(2).all(|w| w[0] < w[1])
+    }
+
+    #[test]
+    fn counter_and_uuid7_ids_sort_in_publish_order_and_uuid4_ids_do_not() {
+        let (counter, v7, v4) = (ids(Ids::Counter), ids(Ids::Uuid7), ids(Ids::Uuid4));
+        assert_eq!(counter[42], "b-000000042");
+        assert!(sorted(&counter));
+        assert!(sorted(&v7), "{:?}", &v7[..3]);
+        assert!(!sorted(&v4), "{:?}", &v4[..3]);
+        for (v, version) in [(&v7, 7), (&v4, 4)] {
+            let u = uuid::Uuid::parse_str(&v[0]).expect("a UUID");
+            assert_eq!(u.get_version_num(), version);
+            let distinct: std::collections::HashSet<_> = v.iter().collect();
+            assert_eq!(distinct.len(), v.len());
+        }
+    }
 }

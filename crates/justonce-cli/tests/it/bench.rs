@@ -47,6 +47,7 @@ fn check(r: &Value, transport: &str, store: &str) {
         }
         assert!(v["p99_ms"].as_f64() >= v["p50_ms"].as_f64(), "{v}");
         assert_eq!(v["runs"].as_array().map(Vec::len), Some(2), "{v}");
+        assert_eq!(v["ids"], "counter", "{v}");
         for key in ["name", "batch", "concurrency", "msg_bytes"] {
             assert!(v.get(key).is_some(), "missing {key} in {v}");
         }
@@ -90,6 +91,34 @@ fn bench_runs_on_kafka_and_postgres_with_the_bare_rdkafka_baseline() {
         "kafka",
         "postgres",
     );
+}
+
+/// `--ids counter,uuid4` runs the runtime's variants again with random message ids, paired
+/// with the counter's runs; every run's ledger still holds one payment per message.
+#[test]
+fn bench_prices_random_message_ids_against_the_counter() {
+    let r = bench(&[
+        "--variants",
+        "at-least-once,effectively-once",
+        "--ids",
+        "counter,uuid4",
+    ]);
+    let variants = r["variants"].as_array().expect("variants");
+    let with = |ids: &str| variants.iter().filter(|v| v["ids"] == ids).count();
+    // Both batch sizes with counter ids; the batched size (10) with uuid4.
+    assert_eq!((with("counter"), with("uuid4")), (4, 2), "{r}");
+    let costs = r["ratios"]["ids"].as_array().expect("ratios.ids");
+    assert_eq!(costs.len(), 2, "{r}");
+    for c in costs {
+        assert_eq!(
+            (&c["ids"], &c["base_ids"]),
+            (&"uuid4".into(), &"counter".into())
+        );
+        let x = c["ratio"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ratio in {c}"));
+        assert!(x > 0.0 && x.is_finite(), "{c}");
+    }
 }
 
 #[test]
