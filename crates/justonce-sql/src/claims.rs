@@ -48,7 +48,7 @@ pub(crate) trait ClaimBackend: Send + Sync {
 
 async fn begin<B: ClaimBackend>(b: &B) -> Result<sqlx::Transaction<'static, B::Db>> {
     Ok(match B::BEGIN {
-        Some(sql) => b.pool().begin_with(sql).await?,
+        Some(sql) => crate::begin_with(b.pool(), sql).await?,
         None => b.pool().begin().await?,
     })
 }

@@ -3,8 +3,44 @@
 //! their purges are plain functions over [`Conn`] (`dedup.rs`, `claims.rs`); each backend
 //! gives them only its SQL text.
 
+use std::borrow::Cow;
+
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+
+/// `pool.begin_with(statement)`, safe to cancel: every custom `BEGIN` of this crate goes
+/// through it.
+///
+/// sqlx 0.8 checks that a custom `BEGIN` opened a transaction with a second round trip to
+/// the connection, after the transaction is open and before a `Transaction` guards it. A
+/// future dropped between the two (by a `timeout`, a `select!` or an aborted task) leaves
+/// its pooled connection inside the transaction. On SQLite a `BEGIN IMMEDIATE` left so
+/// holds the file's write lock until that connection closes, and every other writer fails
+/// with "database is locked" when its busy timeout runs out. Here the begin runs in a task
+/// of its own: if the caller has gone when it ends, the task drops the transaction, which
+/// rolls it back.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let tx = justonce_sql::begin_with(&pool, "BEGIN IMMEDIATE").await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn begin_with<DB>(
+    pool: &sqlx::Pool<DB>,
+    statement: impl Into<Cow<'static, str>>,
+) -> sqlx::Result<sqlx::Transaction<'static, DB>>
+where
+    DB: Database,
+{
+    let (pool, statement) = (pool.clone(), statement.into());
+    match tokio::spawn(async move { pool.begin_with(statement).await }).await {
+        Ok(begun) => begun,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(sqlx::Error::Io(std::io::Error::other(e))),
+    }
+}
 
 /// A bound parameter.
 #[derive(Debug, Clone, Copy)]
@@ -265,5 +301,63 @@ where
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_lite::future::poll_once;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    /// 2,000 begins dropped after 0 to 39 polls, a yield between polls, then writes from the
+    /// same pool: no begin may have left its connection holding the write lock. With sqlx's
+    /// own `begin_with` instead (`JO_RAW_BEGIN=1`) it failed two runs of four.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_begin_dropped_at_any_poll_leaves_no_write_lock_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(2));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let raw = std::env::var("JO_RAW_BEGIN").is_ok();
+        for i in 0..2000u32 {
+            let begin = async {
+                if raw {
+                    pool.begin_with("BEGIN IMMEDIATE").await
+                } else {
+                    super::begin_with(&pool, "BEGIN IMMEDIATE").await
+                }
+            };
+            let mut begin = Box::pin(begin);
+            for _ in 0..i % 40 {
+                if poll_once(begin.as_mut()).await.is_some() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            drop(begin);
+        }
+        for _ in 0..8 {
+            let mut tx = super::begin_with(&pool, "BEGIN IMMEDIATE")
+                .await
+                .expect("no connection holds the write lock");
+            sqlx::query("INSERT INTO t VALUES (1)")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
     }
 }

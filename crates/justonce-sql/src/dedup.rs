@@ -200,7 +200,7 @@ where
 
 pub(crate) async fn begin<B: DedupBackend>(b: &B) -> Result<Tx<B>> {
     Ok(match B::BEGIN {
-        Some(sql) => b.pool().begin_with(sql).await?,
+        Some(sql) => crate::begin_with(b.pool(), sql).await?,
         None => b.pool().begin().await?,
     })
 }

@@ -267,7 +267,7 @@ where
                 let sent: Vec<String> = sent.iter().map(u64::to_string).collect();
                 let sent = sent.join(",");
                 let args = [args[0], args[1], args[2], Arg::Text(&sent)];
-                let mut tx = self.pool.begin_with(begin.clone()).await?;
+                let mut tx = crate::begin_with(&self.pool, begin.clone()).await?;
                 let rows = (*tx).outbox_rows(sql, &args).await?;
                 tx.commit().await?;
                 rows

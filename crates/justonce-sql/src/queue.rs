@@ -132,7 +132,7 @@ where
         }
     }
     let mut tx = match sql.begin {
-        Some(begin) => pool.begin_with(begin).await?,
+        Some(begin) => crate::begin_with(pool, begin).await?,
         None => pool.begin().await?,
     };
     let mut rows: Vec<Option<DeadLetterRow>> = (*tx)

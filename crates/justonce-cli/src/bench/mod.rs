@@ -170,20 +170,21 @@ struct Case {
 }
 
 fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
-    let c0 = args.concurrency[0];
-    let s0 = args.msg_bytes[0];
-    let w0 = args.workers.first().copied().unwrap_or(0);
-    let i0 = args.ids[0];
+    // Every sweep changes one thing of the reference case at the batched size.
+    let base = |variant: Variant| Case {
+        variant,
+        batch: batched,
+        concurrency: args.concurrency[0],
+        msg_bytes: args.msg_bytes[0],
+        workers: args.workers.first().copied().unwrap_or(0),
+        ids: args.ids[0],
+    };
     let mut out = Vec::new();
     for &batch in &args.batch {
         for &variant in &args.variants {
             out.push(Case {
-                variant,
                 batch,
-                concurrency: c0,
-                msg_bytes: s0,
-                workers: w0,
-                ids: i0,
+                ..base(variant)
             });
         }
     }
@@ -196,36 +197,24 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
     for &concurrency in &args.concurrency[1..] {
         for &variant in &swept {
             out.push(Case {
-                variant,
-                batch: batched,
                 concurrency,
-                msg_bytes: s0,
-                workers: w0,
-                ids: i0,
+                ..base(variant)
             });
         }
     }
     for &msg_bytes in &args.msg_bytes[1..] {
         for &variant in &swept {
             out.push(Case {
-                variant,
-                batch: batched,
-                concurrency: c0,
                 msg_bytes,
-                workers: w0,
-                ids: i0,
+                ..base(variant)
             });
         }
     }
     for &ids in &args.ids[1..] {
         for &variant in &swept {
             out.push(Case {
-                variant,
-                batch: batched,
-                concurrency: c0,
-                msg_bytes: s0,
-                workers: w0,
                 ids,
+                ..base(variant)
             });
         }
     }
@@ -234,12 +223,8 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
     for &workers in args.workers.iter().skip(1) {
         for &variant in args.variants.iter().filter(|v| **v != Variant::Bare) {
             out.push(Case {
-                variant,
-                batch: batched,
-                concurrency: c0,
-                msg_bytes: s0,
                 workers,
-                ids: i0,
+                ..base(variant)
             });
         }
     }

@@ -44,7 +44,7 @@ impl PaymentApi {
 
     /// One call: recorded, and charged unless the key was charged before.
     pub(crate) async fn charge(&self, key: &str, p: &Payment) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = justonce::sql::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         sqlx::query("INSERT INTO api_calls (idempotency_key, order_id) VALUES (?, ?)")
             .bind(key)
             .bind(&p.order_id)

@@ -407,7 +407,7 @@ bank!(
     serial: "INTEGER PRIMARY KEY AUTOINCREMENT", ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
     kind: StoreKind::Sqlite,
     claims: |_s, url, _t| SqliteClaimStore::open(url).await?,
-    begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    begin: |pool| justonce::sql::begin_with(pool, "BEGIN IMMEDIATE"),
     size: ["SELECT CAST(COALESCE(SUM(pgsize), 0) AS INTEGER) FROM dbstat WHERE name = ?"],
 );
 bank!(

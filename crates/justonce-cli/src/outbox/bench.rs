@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use justonce::backend::StoreKind;
 use justonce::relay::{Relay, RelayOptions};
 use justonce::sql::{MySqlStore, PgOutbox, PgStore, SqliteStore};
@@ -265,20 +265,25 @@ async fn run_on<B: Bank>(
         order.rotate_left(r % phases.len());
         for phase in order {
             let queue = format!("jo-obench-{run}-{r}-{}", phase.name());
-            let bus = Bus::open_publisher(transport, &queue, &args.topology).await?;
+            let bus = Bus::open_publisher(transport, &queue, &args.topology)
+                .await
+                .with_context(|| format!("round {r}, {}: opening the queue", phase.name()))?;
             let at = (&bus, transport, queue.as_str());
             let (rate, into) = match phase {
-                Phase::Direct => (publish_direct(&bus, &msgs, args).await?, &mut direct),
+                Phase::Direct => (publish_direct(&bus, &msgs, args).await, &mut direct),
                 Phase::Relay => (
-                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, false).await?,
+                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, false).await,
                     &mut relay,
                 ),
                 Phase::Ceiling => (
-                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, true).await?,
+                    drain_by_relay(&store, &outbox, &tables.outbox, at, &msgs, args, true).await,
                     &mut ceiling,
                 ),
             };
-            bus.cleanup().await?;
+            let rate = rate.with_context(|| format!("round {r}, {}", phase.name()))?;
+            bus.cleanup()
+                .await
+                .with_context(|| format!("round {r}, {}: removing the queue", phase.name()))?;
             into.push(rate);
             bar.inc(1);
         }
@@ -291,13 +296,22 @@ async fn run_on<B: Bank>(
         ratio_median: median(paired(&ceiling)),
         rounds: ceiling,
     });
-    let (lat_direct, lat_outbox) = latency(&store, &outbox, transport, &run, args).await?;
+    let (lat_direct, lat_outbox) = latency(&store, &outbox, transport, &run, args)
+        .await
+        .context("the latency phase")?;
     let soak = if args.soak > 0 {
-        Some(soak(&store, &outbox, transport, &run, &tables, args).await?)
+        Some(
+            soak(&store, &outbox, transport, &run, &tables, args)
+                .await
+                .context("the soak")?,
+        )
     } else {
         None
     };
-    store.drop_tables(&tables).await?;
+    store
+        .drop_tables(&tables)
+        .await
+        .context("dropping the bench's tables")?;
     Ok(Report {
         transport: redact(transport),
         store: redact(store_url),
@@ -598,22 +612,29 @@ async fn soak<B: Bank>(
     let mut max_pending = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let pending = outbox.outbox_stats().await?.pending;
+        let pending = outbox
+            .outbox_stats()
+            .await
+            .context("reading the outbox's stats")?
+            .pending;
         max_pending = max_pending.max(pending);
         bar.set_position((args.soak as u64).min(started.elapsed().as_millis() as u64));
         if producers.is_empty() && pending == 0 {
             break;
         }
         while let Some(r) = producers.try_join_next() {
-            r??;
+            r?.context("a producer")?;
         }
     }
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
-    running.stop().await?;
+    running.stop().await.context("the relay")?;
     receiving.abort();
-    bus.cleanup().await?;
-    let stats = outbox.outbox_stats().await?;
+    bus.cleanup().await.context("removing the queue")?;
+    let stats = outbox
+        .outbox_stats()
+        .await
+        .context("reading the outbox's stats")?;
     let table_bytes = store.table_bytes(&tables.outbox).await.ok();
     // PostgreSQL's tidy skips the table while another vacuum (autovacuum's) holds it; a
     // running relay would tidy again after its interval: here after 2 s, five times at
@@ -624,7 +645,7 @@ async fn soak<B: Bank>(
         if tidies > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        outbox.tidy().await?;
+        outbox.tidy().await.context("tidying the outbox")?;
         tidies += 1;
         tidied = store.table_bytes(&tables.outbox).await.ok();
     }

@@ -157,7 +157,7 @@ impl OutboxMove for PgOutboxMove {
     /// into the queue in their outbox order, and the queue's consumers notified at the
     /// commit.
     async fn move_rows(&self, max: usize) -> Result<usize> {
-        let mut tx = self.pool.begin_with(BEGIN).await?;
+        let mut tx = crate::begin_with(&self.pool, BEGIN).await?;
         let (n, _): (i64, Option<String>) = sqlx::query_as(&self.sql)
             .bind(&self.queue)
             .bind(max as i64)

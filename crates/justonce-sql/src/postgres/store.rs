@@ -348,7 +348,7 @@ impl PgStore {
             literal(id.as_str()),
             fp.to_hex()
         );
-        let begun = self.pool.begin_with(sql).await;
+        let begun = crate::begin_with(&self.pool, sql).await;
         // The session lost its prepared statements (`DISCARD ALL`, a pooler's reset): this
         // connection claims the usual way from now on.
         if let Err(sqlx::Error::Database(e)) = &begun {

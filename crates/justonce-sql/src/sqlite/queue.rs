@@ -184,7 +184,7 @@ impl SqliteQueue {
     /// Deletes this queue's rows, its dead letters and its counters (the file and the other
     /// queues in it stay).
     pub async fn delete(&self) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         for table in ["jo_queue", "jo_dead_letter", "jo_queue_stats"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE queue = ?"))
                 .bind(&self.queue)
@@ -196,7 +196,7 @@ impl SqliteQueue {
     }
 
     async fn receive_now(&self, max: usize) -> Result<Vec<Delivery>> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         let sql = format!(
             "UPDATE jo_queue SET attempts = attempts + 1, visible_at = {NOW_MS} + ?1
              WHERE seq IN (SELECT seq FROM jo_queue WHERE queue = ?2 AND visible_at <= {NOW_MS}
@@ -289,7 +289,7 @@ impl Source for SqliteQueue {
             return Ok(());
         }
         let tokens = tokens(receipts)?;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         for chunk in tokens.chunks(400) {
             let mut qb: QueryBuilder<Sqlite> =
                 QueryBuilder::new("DELETE FROM jo_queue WHERE (seq, attempts) IN (VALUES ");
@@ -333,7 +333,7 @@ impl Source for SqliteQueue {
             "UPDATE jo_queue SET attempts = attempts - 1, visible_at = {NOW_MS}
              WHERE seq = ? AND attempts = ?"
         );
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         for t in &tokens {
             sqlx::query(&sql)
                 .bind(t.seq)
@@ -350,7 +350,7 @@ impl Source for SqliteQueue {
         let t = token(&delivery.receipt)?;
         let m = &delivery.message;
         let headers = serde_json::to_string(m.headers()).map_err(Error::from)?;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         let sql = format!(
             "INSERT INTO jo_dead_letter (queue, message_id, payload, headers, content_type, attempts,
                                          error, consumer, dead_lettered_at)
@@ -392,7 +392,7 @@ impl Publisher for SqliteQueue {
             "INSERT INTO jo_queue (queue, message_id, payload, headers, content_type, visible_at, enqueued_at)
              VALUES (?, ?, ?, ?, ?, {NOW_MS}, {NOW_MS})"
         );
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = crate::begin_with(&self.pool, "BEGIN IMMEDIATE").await?;
         for m in messages {
             let headers = serde_json::to_string(m.headers()).map_err(Error::from)?;
             sqlx::query(&sql)

@@ -281,7 +281,7 @@ impl SqliteStore {
             literal(id.as_str()),
             fp.to_hex()
         );
-        let begun = self.pool.begin_with(sql).await;
+        let begun = crate::begin_with(&self.pool, sql).await;
         // Not a stored key, nor a begin that waited in vain for the write lock: the insert
         // failed inside the transaction its `BEGIN IMMEDIATE` opened.
         if let Err(e) = &begun {
