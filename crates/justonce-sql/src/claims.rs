@@ -47,10 +47,7 @@ pub(crate) trait ClaimBackend: Send + Sync {
 }
 
 async fn begin<B: ClaimBackend>(b: &B) -> Result<sqlx::Transaction<'static, B::Db>> {
-    Ok(match B::BEGIN {
-        Some(sql) => crate::begin_with(b.pool(), sql).await?,
-        None => b.pool().begin().await?,
-    })
+    Ok(crate::conn::begin_maybe_with(b.pool(), B::BEGIN).await?)
 }
 
 /// One acquire, in the caller's transaction.

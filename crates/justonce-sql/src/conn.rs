@@ -8,17 +8,25 @@ use std::borrow::Cow;
 use async_trait::async_trait;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
 
-/// `pool.begin_with(statement)`, safe to cancel: every custom `BEGIN` of this crate goes
-/// through it.
+/// `pool.begin()`, safe to cancel: see [`begin_with`].
+pub async fn begin<DB: Database>(
+    pool: &sqlx::Pool<DB>,
+) -> sqlx::Result<sqlx::Transaction<'static, DB>> {
+    begin_maybe_with(pool, None::<&'static str>).await
+}
+
+/// `pool.begin_with(statement)`, safe to cancel. Every transaction of this crate begins
+/// through it or [`begin`].
 ///
-/// sqlx 0.8 checks that a custom `BEGIN` opened a transaction with a second round trip to
-/// the connection, after the transaction is open and before a `Transaction` guards it. A
-/// future dropped between the two (by a `timeout`, a `select!` or an aborted task) leaves
-/// its pooled connection inside the transaction. On SQLite a `BEGIN IMMEDIATE` left so
-/// holds the file's write lock until that connection closes, and every other writer fails
-/// with "database is locked" when its busy timeout runs out. Here the begin runs in a task
-/// of its own: if the caller has gone when it ends, the task drops the transaction, which
-/// rolls it back.
+/// sqlx 0.8 counts a transaction as open only once its `BEGIN` has come back, and on SQLite
+/// a custom `BEGIN` is checked with a second round trip to the connection's thread after
+/// that: a future dropped in between (by a `timeout`, a `select!` or an aborted task)
+/// leaves its pooled connection inside a transaction that nothing rolls back. On SQLite a
+/// `BEGIN IMMEDIATE` left so holds the file's write lock until that connection closes, and
+/// every other writer fails with "database is locked" when its busy timeout runs out; on
+/// PostgreSQL and MariaDB (a plain `BEGIN` too) the session stays idle in its transaction
+/// with whatever it locks. Here the begin runs in a task of its own: if the caller has gone
+/// when it ends, the task drops the transaction, which rolls it back.
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,15 +35,26 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row a
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```
-pub async fn begin_with<DB>(
+pub async fn begin_with<DB: Database>(
     pool: &sqlx::Pool<DB>,
     statement: impl Into<Cow<'static, str>>,
-) -> sqlx::Result<sqlx::Transaction<'static, DB>>
-where
-    DB: Database,
-{
-    let (pool, statement) = (pool.clone(), statement.into());
-    match tokio::spawn(async move { pool.begin_with(statement).await }).await {
+) -> sqlx::Result<sqlx::Transaction<'static, DB>> {
+    begin_maybe_with(pool, Some(statement)).await
+}
+
+/// [`begin_with`] when `statement` is given, else [`begin`]: a backend's `BEGIN`.
+pub(crate) async fn begin_maybe_with<DB: Database>(
+    pool: &sqlx::Pool<DB>,
+    statement: Option<impl Into<Cow<'static, str>>>,
+) -> sqlx::Result<sqlx::Transaction<'static, DB>> {
+    let (pool, statement) = (pool.clone(), statement.map(Into::into));
+    let begun = tokio::spawn(async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    });
+    match begun.await {
         Ok(begun) => begun,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => Err(sqlx::Error::Io(std::io::Error::other(e))),

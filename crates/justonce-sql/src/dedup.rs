@@ -199,10 +199,7 @@ where
 }
 
 pub(crate) async fn begin<B: DedupBackend>(b: &B) -> Result<Tx<B>> {
-    Ok(match B::BEGIN {
-        Some(sql) => crate::begin_with(b.pool(), sql).await?,
-        None => b.pool().begin().await?,
-    })
+    Ok(crate::conn::begin_maybe_with(b.pool(), B::BEGIN).await?)
 }
 
 /// Runs one of the savepoint statements.

@@ -44,7 +44,7 @@ mod postgres;
 mod queue;
 mod sqlite;
 
-pub use conn::begin_with;
+pub use conn::{begin, begin_with};
 #[cfg(feature = "mysql")]
 pub use mysql::{
     MySqlClaimStore, MySqlOutbox, MySqlStateGuard, MySqlStore, MySqlStoreOptions, MySqlTx,

@@ -257,7 +257,7 @@ where
                 (*conn).outbox_rows(sql, &args).await?
             }
             TakeSql::Returning(sql) => {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = crate::begin(&self.pool).await?;
                 for_seqs(&mut *tx, &self.sql.sent, sent).await?;
                 let rows = (*tx).outbox_rows(sql, &args).await?;
                 tx.commit().await?;
@@ -278,7 +278,7 @@ where
                 lease: lease_sql,
                 read,
             } => {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = crate::begin(&self.pool).await?;
                 (*tx).execute(lock, &[]).await?;
                 for_seqs(&mut *tx, &self.sql.sent, sent).await?;
                 let seqs: Vec<u64> = (*tx)

@@ -131,10 +131,7 @@ where
             )));
         }
     }
-    let mut tx = match sql.begin {
-        Some(begin) => crate::begin_with(pool, begin).await?,
-        None => pool.begin().await?,
-    };
+    let mut tx = crate::conn::begin_maybe_with(pool, sql.begin).await?;
     let mut rows: Vec<Option<DeadLetterRow>> = (*tx)
         .dead_letter_rows(&sql.entries, &[Arg::Text(queue)])
         .await?

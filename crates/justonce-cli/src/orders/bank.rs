@@ -416,7 +416,7 @@ bank!(
     ignore: ("INSERT INTO", "ON CONFLICT DO NOTHING"),
     kind: StoreKind::Postgres,
     claims: |_s, url, table| PgClaimStore::open(url, table).await?,
-    begin: |pool| pool.begin(),
+    begin: |pool| justonce::sql::begin(pool),
     size: ["SELECT pg_total_relation_size($1::regclass)"],
 );
 bank!(
@@ -424,7 +424,7 @@ bank!(
     serial: "BIGINT AUTO_INCREMENT PRIMARY KEY", ignore: ("INSERT IGNORE INTO", ""),
     kind: StoreKind::MySql,
     claims: |_s, url, table| MySqlClaimStore::open(url, table).await?,
-    begin: |pool| pool.begin(),
+    begin: |pool| justonce::sql::begin(pool),
     size: [
         "ANALYZE TABLE {table}",
         "SELECT CAST(data_length + index_length AS SIGNED) FROM information_schema.tables

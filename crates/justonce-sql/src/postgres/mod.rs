@@ -70,7 +70,7 @@ pub(crate) async fn connect_with(
 
 /// Runs DDL statements under the schema lock.
 pub(crate) async fn create(pool: &PgPool, statements: &[String]) -> Result<()> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::begin(pool).await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(SCHEMA_LOCK)
         .execute(&mut *tx)

@@ -203,7 +203,7 @@ impl PgQueue {
 
     /// Deletes this queue's rows, dead letters and counts (tests, demos on a shared database).
     pub async fn delete(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin(&self.pool).await?;
         for table in ["jo_queue", "jo_dead_letter", "jo_queue_stats"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE queue = $1"))
                 .bind(&self.queue)
@@ -392,7 +392,7 @@ impl Source for PgQueue {
         let t = token(&delivery.receipt)?;
         let m = &delivery.message;
         let headers = serde_json::to_string(m.headers()).map_err(Error::from)?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin(&self.pool).await?;
         let deleted = sqlx::query("DELETE FROM jo_queue WHERE seq = $1 AND attempts = $2")
             .bind(t.seq)
             .bind(t.attempt)
@@ -462,7 +462,7 @@ impl Publisher for PgQueue {
         if messages.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin(&self.pool).await?;
         self.insert(&mut tx, messages).await?;
         tx.commit().await?;
         Ok(())

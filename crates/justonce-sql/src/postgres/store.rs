@@ -376,7 +376,7 @@ impl PgStore {
             return Ok(None);
         }
         let (ids, fps) = arrays(&sorted);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin(&self.pool).await?;
         let inserted = sqlx::query(&self.plain_claims)
             .bind(consumer)
             .bind(ids)
