@@ -198,11 +198,15 @@ pub(crate) struct LabArgs {
     /// JUSTONCE_NATS_URL, JUSTONCE_KAFKA_URL).
     #[arg(long)]
     matrix: bool,
-    /// With --matrix, a sample of it: every fault class on each transport with one store
-    /// (PostgreSQL when it is up), and every other store with one fault (a cut, or a kill
-    /// where nothing is networked) plus the schema fault where it applies.
+    /// With --matrix, a sample of it chosen by SEED (CI passes the commit hash): every
+    /// transport, every store and every fault class appears in it, each class on a pair
+    /// that the seed picks, so the pairings rotate from one seed to the next.
+    #[arg(long, requires = "matrix", value_name = "SEED")]
+    sample: Option<String>,
+    /// With --matrix: print the scenarios it would run (one per line, or JSON with --json)
+    /// and run none.
     #[arg(long, requires = "matrix")]
-    sample: bool,
+    list: bool,
     /// Print one JSON object on stdout (with --matrix: one per line, then the summary).
     #[arg(long)]
     json: bool,
@@ -512,11 +516,42 @@ async fn run_lab(args: LabArgs) -> anyhow::Result<()> {
         .into_iter()
         .chain([pg, my, redis].into_iter().flatten().map(Some))
         .collect();
-    let mut reports = Vec::new();
-    for (transport, store, class) in matrix(&transports, &stores, args.sample)? {
-        if !args.faults.is_empty() && !args.faults.contains(&class) {
-            continue;
+    let full = matrix(&transports, &stores)?;
+    let cells: Vec<Cell> = match &args.sample {
+        Some(seed) => sample(&full, seed)?,
+        None => full.clone(),
+    }
+    .into_iter()
+    .filter(|c| args.faults.is_empty() || args.faults.contains(&c.2))
+    .collect();
+    let of = match &args.sample {
+        Some(seed) => format!(" (the sample of seed {seed})"),
+        None => String::new(),
+    };
+    eprintln!(
+        "lab: {} of the matrix's {} scenarios{of}:",
+        cells.len(),
+        full.len()
+    );
+    for cell in &cells {
+        eprintln!("lab:   {}", cell_name(cell)?);
+    }
+    if args.list {
+        for cell in &cells {
+            if args.json {
+                let (t, s, class) = cell_kinds(cell)?;
+                println!(
+                    "{}",
+                    serde_json::json!({"transport": t.as_str(), "store": s.as_str(), "scenario": class.as_str()})
+                );
+            } else {
+                println!("{}", cell_name(cell)?);
+            }
         }
+        return Ok(());
+    }
+    let mut reports = Vec::new();
+    for (transport, store, class) in cells {
         let scenario = Scenario::new(&args, transport, store, vec![class])?;
         let report = match scenario.run(&exe, false, None).await {
             Ok(r) => r,
@@ -547,63 +582,95 @@ async fn run_lab(args: LabArgs) -> anyhow::Result<()> {
 /// A transport URL, a store URL (`None`: the embedded SQLite default) and a fault class.
 type Cell = (Option<String>, Option<String>, FaultClass);
 
-/// The matrix's scenarios: every class that applies to every pair, or (`sample`) every
-/// class on each transport with one store (PostgreSQL when it is there), and each other
-/// store with one fault on the default transport (a cut, or a kill where nothing is
-/// networked) and the schema fault where it applies.
-fn matrix(
-    transports: &[Option<String>],
-    stores: &[Option<String>],
-    sample: bool,
-) -> anyhow::Result<Vec<Cell>> {
-    let t_kind = |t: &Option<String>| {
-        t.as_deref()
-            .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)
-    };
-    let s_kind = |s: &Option<String>| {
-        s.as_deref()
-            .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)
-    };
+/// The kinds of a cell's transport, store and class.
+fn cell_kinds(cell: &Cell) -> anyhow::Result<(TransportKind, StoreKind, FaultClass)> {
+    let t = cell
+        .0
+        .as_deref()
+        .map_or(Ok(TransportKind::Sqlite), TransportKind::from_url)?;
+    let s = cell
+        .1
+        .as_deref()
+        .map_or(Ok(StoreKind::Sqlite), StoreKind::from_url)?;
+    Ok((t, s, cell.2))
+}
+
+/// A cell as `transport store class`, as the plan of a matrix run prints it.
+fn cell_name(cell: &Cell) -> anyhow::Result<String> {
+    let (t, s, class) = cell_kinds(cell)?;
+    Ok(format!(
+        "{:<9} {:<9} {}",
+        t.as_str(),
+        s.as_str(),
+        class.as_str()
+    ))
+}
+
+/// The matrix's scenarios: every class that applies to every transport/store pair.
+fn matrix(transports: &[Option<String>], stores: &[Option<String>]) -> anyhow::Result<Vec<Cell>> {
     let mut out = Vec::new();
-    let every =
-        |t: &Option<String>, s: &Option<String>, out: &mut Vec<Cell>| -> anyhow::Result<()> {
-            let (tk, sk) = (t_kind(t)?, s_kind(s)?);
+    for t in transports {
+        for s in stores {
             for class in FaultClass::ALL {
+                let cell = (t.clone(), s.clone(), class);
+                let (tk, sk, _) = cell_kinds(&cell)?;
                 if class.applies(tk, sk) {
-                    out.push((t.clone(), s.clone(), class));
+                    out.push(cell);
                 }
             }
-            Ok(())
-        };
-    if !sample {
-        for t in transports {
-            for s in stores {
-                every(t, s, &mut out)?;
-            }
-        }
-        return Ok(out);
-    }
-    let home = stores
-        .iter()
-        .find(|s| s_kind(s).ok() == Some(StoreKind::Postgres))
-        .unwrap_or(&stores[0]);
-    for t in transports {
-        every(t, home, &mut out)?;
-    }
-    let default_transport = &transports[0];
-    for s in stores.iter().filter(|s| *s != home) {
-        let (tk, sk) = (t_kind(default_transport)?, s_kind(s)?);
-        let one = if FaultClass::Cut.applies(tk, sk) {
-            FaultClass::Cut
-        } else {
-            FaultClass::Kill
-        };
-        out.push((default_transport.clone(), s.clone(), one));
-        if FaultClass::Schema.applies(tk, sk) {
-            out.push((default_transport.clone(), s.clone(), FaultClass::Schema));
         }
     }
     Ok(out)
+}
+
+/// The sample of `full` that `seed` chooses: for each fault class, one of its cells, the
+/// seed's draw among them; then, for a transport or store that no cell has yet, one of its
+/// cells that is neither `relay` nor `failover` (the slow classes), drawn the same way.
+/// Each draw is independent of the others (SHA-256 of the seed and what is drawn), so
+/// every cell of the matrix comes up as the seed changes (CI passes the commit hash); in
+/// the matrix's order.
+fn sample(full: &[Cell], seed: &str) -> anyhow::Result<Vec<Cell>> {
+    use sha2::{Digest as _, Sha256};
+    let kinds = full
+        .iter()
+        .map(cell_kinds)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let draw = |what: &str, among: &[usize]| -> Option<usize> {
+        let digest = Sha256::new()
+            .chain_update(seed.as_bytes())
+            .chain_update([0])
+            .chain_update(what.as_bytes())
+            .finalize();
+        let mut n = [0; 8];
+        n.copy_from_slice(&digest[..8]);
+        let len = u64::try_from(among.len()).ok().filter(|&len| len > 0)?;
+        among
+            .get(usize::try_from(u64::from_le_bytes(n) % len).ok()?)
+            .copied()
+    };
+    let cells = |keep: &dyn Fn(&(TransportKind, StoreKind, FaultClass)) -> bool| -> Vec<usize> {
+        (0..full.len()).filter(|&i| keep(&kinds[i])).collect()
+    };
+    let mut chosen = std::collections::BTreeSet::new();
+    for class in FaultClass::ALL {
+        chosen.extend(draw(class.as_str(), &cells(&|k| k.2 == class)));
+    }
+    let quick = |k: &(TransportKind, StoreKind, FaultClass)| {
+        !matches!(k.2, FaultClass::Relay | FaultClass::Failover)
+    };
+    for &(t, _, _) in &kinds {
+        if !chosen.iter().any(|&i| kinds[i].0 == t) {
+            let what = format!("transport {}", t.as_str());
+            chosen.extend(draw(&what, &cells(&|k| k.0 == t && quick(k))));
+        }
+    }
+    for &(_, s, _) in &kinds {
+        if !chosen.iter().any(|&i| kinds[i].1 == s) {
+            let what = format!("store {}", s.as_str());
+            chosen.extend(draw(&what, &cells(&|k| k.1 == s && quick(k))));
+        }
+    }
+    Ok(chosen.into_iter().map(|i| full[i].clone()).collect())
 }
 
 /// One line of the matrix.
@@ -711,19 +778,7 @@ mod tests {
     }
 
     fn kinds(cells: &[Cell]) -> Vec<(TransportKind, StoreKind, FaultClass)> {
-        cells
-            .iter()
-            .map(|(t, s, c)| {
-                (
-                    t.as_deref().map_or(TransportKind::Sqlite, |u| {
-                        TransportKind::from_url(u).unwrap()
-                    }),
-                    s.as_deref()
-                        .map_or(StoreKind::Sqlite, |u| StoreKind::from_url(u).unwrap()),
-                    *c,
-                )
-            })
-            .collect()
+        cells.iter().map(|c| cell_kinds(c).unwrap()).collect()
     }
 
     #[test]
@@ -746,50 +801,52 @@ mod tests {
         assert!(parse_duration("m").is_err());
     }
 
-    /// The sample: every class that applies on each transport with the PostgreSQL store,
-    /// each other store once (the schema fault on MariaDB too); the full matrix holds it.
+    /// Every sample has every transport, store and class of the matrix, in a tenth of its
+    /// scenarios, and the same seed gives the same sample.
     #[test]
-    fn the_sampled_matrix_covers_each_class_per_transport_and_each_store() {
+    fn a_sample_has_every_transport_store_and_class() {
         let (transports, stores) = urls();
-        let full = kinds(&matrix(&transports, &stores, false).unwrap());
-        let sample = kinds(&matrix(&transports, &stores, true).unwrap());
-        assert!(sample.iter().all(|c| full.contains(c)));
-        assert!(
-            sample.len() < full.len() / 2,
-            "{} of {}",
-            sample.len(),
-            full.len()
+        let full = matrix(&transports, &stores).unwrap();
+        assert_eq!(
+            full.len(),
+            199,
+            "the matrix changed: look at the bound below"
         );
-        for t in [
-            TransportKind::Sqlite,
-            TransportKind::Amqp,
-            TransportKind::Postgres,
-            TransportKind::Redis,
-            TransportKind::Nats,
-            TransportKind::Kafka,
-        ] {
-            for class in FaultClass::ALL {
-                if class.applies(t, StoreKind::Postgres) {
-                    assert!(
-                        sample.contains(&(t, StoreKind::Postgres, class)),
-                        "{t:?} {class:?}"
-                    );
-                }
+        for n in 0..2_000 {
+            let seed = format!("{n:040x}");
+            let cells = sample(&full, &seed).unwrap();
+            assert_eq!(cells, sample(&full, &seed).unwrap());
+            assert!(cells.iter().all(|c| full.contains(c)));
+            assert!(cells.len() <= full.len() / 10, "{seed}: {}", cells.len());
+            let k = kinds(&cells);
+            for (t, s, class) in kinds(&full) {
+                assert!(k.iter().any(|c| c.0 == t), "{seed}: no {t:?}");
+                assert!(k.iter().any(|c| c.1 == s), "{seed}: no {s:?}");
+                assert!(k.iter().any(|c| c.2 == class), "{seed}: no {class:?}");
             }
         }
-        for s in [StoreKind::Sqlite, StoreKind::MySql, StoreKind::Redis] {
-            assert!(sample.iter().any(|c| c.1 == s), "{s:?}");
+    }
+
+    /// The pairings rotate: two commits' samples differ, and over the samples of a few
+    /// hundred commits every scenario of the matrix has come up.
+    #[test]
+    fn the_samples_of_successive_seeds_differ_and_cover_the_matrix() {
+        let (transports, stores) = urls();
+        let full = matrix(&transports, &stores).unwrap();
+        let a = sample(&full, "6807711").unwrap();
+        let b = sample(&full, "9e15574").unwrap();
+        assert_ne!(a, b);
+        let mut seen = std::collections::HashSet::new();
+        let mut seeds = 0;
+        while seen.len() < full.len() {
+            seen.extend(sample(&full, &format!("{seeds:x}")).unwrap());
+            seeds += 1;
+            assert!(
+                seeds < 1_000,
+                "{} of {} after {seeds} seeds",
+                seen.len(),
+                full.len()
+            );
         }
-        assert!(sample.contains(&(TransportKind::Sqlite, StoreKind::MySql, FaultClass::Schema)));
-        for t in [
-            TransportKind::Redis,
-            TransportKind::Nats,
-            TransportKind::Kafka,
-        ] {
-            assert!(sample.contains(&(t, StoreKind::Postgres, FaultClass::BrokerRestart)));
-        }
-        assert!(!sample
-            .iter()
-            .any(|c| c.1 == StoreKind::Redis && c.2 == FaultClass::Relay));
     }
 }
