@@ -6,8 +6,8 @@ use super::BenchReport;
 
 const COLORS: [&str; 4] = ["#555555", "#d62728", "#ff7f0e", "#2ca02c"];
 
-/// The main sweep (first concurrency, message size, workers and ids): msgs/s against batch size on a
-/// logarithmic axis.
+/// The main sweep (the first concurrency, message size, workers and ids): msgs/s against
+/// batch size on a logarithmic axis.
 pub(crate) fn svg(r: &BenchReport) -> String {
     const W: f64 = 760.0;
     const H: f64 = 400.0;
