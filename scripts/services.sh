@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Starts every local service the tests may use that is not answering on its port, and waits
 # for it. Loopback only. Safe to run again: a service that answers is left alone.
+#   scripts/services.sh               every service
+#   scripts/services.sh --skip-kafka  every one but Kafka (tansu)
+#   scripts/services.sh --kafka-only  Kafka alone: tansu built once per machine, then started
+#                                     (.ci/run runs this in the background while it compiles)
 set -u
+only=all
+case "${1:-}" in
+--skip-kafka) only=others ;;
+--kafka-only) only=kafka ;;
+"") ;;
+*)
+  echo "usage: $0 [--skip-kafka | --kafka-only]" >&2
+  exit 2
+  ;;
+esac
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -42,8 +56,10 @@ TANSU_DATA="${XDG_CACHE_HOME:-$HOME/.cache}/justonce/tansu-data"
 install_tansu() {
   [ -x "$TANSU_BIN" ] && return 0
   echo "services: building tansu $TANSU_VERSION into $TANSU_HOME (once per machine)"
-  cargo install --locked --quiet tansu --version "$TANSU_VERSION" --features libsql \
-    --root "$TANSU_HOME" >"${TMPDIR:-/tmp}/justonce-tansu-install.log" 2>&1 || {
+  # At the lowest priority, in a target directory of its own (not CARGO_TARGET_DIR, which
+  # the workspace's build holds locked while this runs beside it).
+  env -u CARGO_TARGET_DIR nice -n 19 cargo install --locked --quiet tansu \
+    --version "$TANSU_VERSION" --features libsql --root "$TANSU_HOME" >"${TMPDIR:-/tmp}/justonce-tansu-install.log" 2>&1 || {
     echo "services: building tansu failed; see ${TMPDIR:-/tmp}/justonce-tansu-install.log" >&2
     return 1
   }
@@ -77,12 +93,15 @@ repair_tansu() {
 }
 
 status=0
-start postgresql 5432 60 bash -c 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start' || status=1
-start mariadb 3306 60 start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || status=1
-start redis 6379 30 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || status=1
-start rabbitmq 5672 120 rabbitmq-server -detached || status=1
-start nats 4222 30 start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || status=1
-start mosquitto 1883 30 mosquitto -d -c /etc/mosquitto/mosquitto.conf || status=1
+if [ "$only" != kafka ]; then
+  start postgresql 5432 60 bash -c 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start' || status=1
+  start mariadb 3306 60 start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || status=1
+  start redis 6379 30 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || status=1
+  start rabbitmq 5672 120 rabbitmq-server -detached || status=1
+  start nats 4222 30 start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || status=1
+  start mosquitto 1883 30 mosquitto -d -c /etc/mosquitto/mosquitto.conf || status=1
+fi
+[ "$only" = others ] && exit $status
 if up 9092; then
   echo "services: kafka (tansu) already up on :9092"
   repair_tansu || status=1
