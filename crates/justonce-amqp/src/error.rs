@@ -16,16 +16,26 @@ pub(crate) fn amqp(context: impl std::fmt::Display, e: lapin::Error) -> Error {
     Error::with_source(kind, context.to_string(), e)
 }
 
-/// Connecting failed: say where, without the password.
+/// Connecting failed: say where, without the password, and over what.
 pub(crate) fn connect(url: &str, e: lapin::Error) -> Error {
     let kind = if e.is_io_error() {
         ErrorKind::Connect
     } else {
         ErrorKind::Config
     };
+    let over = if url
+        .trim_start()
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("amqps://"))
+    {
+        " over TLS (amqps://; nothing is sent in plaintext: is the port a TLS listener, \
+         5671 by RabbitMQ's default, and is its certificate one the system trusts?)"
+    } else {
+        ""
+    };
     Error::with_source(
         kind,
-        format!("cannot connect to RabbitMQ at {}", redact_url(url)),
+        format!("cannot connect to RabbitMQ at {}{over}", redact_url(url)),
         e,
     )
 }

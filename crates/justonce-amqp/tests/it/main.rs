@@ -44,6 +44,28 @@ mod contract {
     });
 }
 
+/// `amqps://` asks for TLS, and gets it or an error: against the plaintext port the
+/// handshake fails, the connection is refused, and the error says so without the password.
+/// (lapin without a TLS feature connected `amqps://` in plaintext, silently.)
+#[tokio::test]
+async fn amqps_against_a_plaintext_port_is_refused() {
+    let Some(url) = url() else { return };
+    let tls = url.replacen("amqp://", "amqps://", 1);
+    assert!(tls.starts_with("amqps://"), "{tls}");
+    let o = options("amqps-plaintext");
+    let refused = [
+        AmqpSource::connect(&tls, o.clone()).await.err(),
+        AmqpPublisher::connect(&tls, o).await.err(),
+    ];
+    for e in refused {
+        let e = e.expect("amqps:// to a plaintext port must not connect");
+        assert_eq!(e.kind(), ErrorKind::Connect, "{e:#}");
+        let text = format!("{e:#} {e:?}");
+        assert!(text.contains("over TLS"), "{text}");
+        assert!(!text.contains("guest:guest"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn an_unroutable_publish_fails() {
     let Some(url) = url() else { return };

@@ -179,6 +179,23 @@ fn a_backend_that_is_not_built_or_refuses_is_a_clear_error() {
     );
 }
 
+/// The defect of issue 49: `amqps://` against RabbitMQ's plaintext port ran the demo in
+/// plaintext. It is refused now, with an error that says TLS and no password.
+#[test]
+fn amqps_against_the_plaintext_port_fails_and_says_tls() {
+    let Some(url) = amqp_url() else { return };
+    let tls = url.replacen("amqp://", "amqps://", 1);
+    let out = demo(&["--transport", &tls, "--messages", "10"]);
+    assert!(!out.status.success());
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("over TLS"), "{all}");
+    assert!(!all.contains("guest:guest"), "{all}");
+}
+
 #[test]
 fn the_demo_on_rabbitmq_applies_every_order_once_under_real_broker_faults() {
     if !justonce_test::service_available("RabbitMQ", "127.0.0.1:5672") {
