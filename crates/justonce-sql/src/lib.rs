@@ -32,6 +32,8 @@ mod claims;
 mod conn;
 mod dedup;
 mod guard;
+#[cfg(feature = "harness")]
+pub mod harness;
 mod inspect;
 mod many;
 #[cfg(feature = "mysql")]
@@ -75,14 +77,35 @@ fn cannot_connect(server: &str, url: &str, e: sqlx::Error) -> justonce_core::Err
         ErrorKind::Io | ErrorKind::Timeout | ErrorKind::Closed => ErrorKind::Connect,
         other => other,
     };
+    let over = tls_asked(url).map_or_else(String::new, |mode| {
+        format!(" over TLS ({mode}; never in plaintext)")
+    });
     Error::with_source(
         kind,
         format!(
-            "cannot connect to {server} at {}",
+            "cannot connect to {server} at {}{over}",
             justonce_core::redact_url(url)
         ),
         cause,
     )
+}
+
+/// The TLS a URL insists on, as its query says it: PostgreSQL's `sslmode` or MariaDB's
+/// `ssl-mode`, when it is more than `disable`, `allow` or `prefer` (which may end in
+/// plaintext, as libpq's do).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn tls_asked(url: &str) -> Option<String> {
+    let (_, query) = url.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| k.eq_ignore_ascii_case("sslmode") || k.eq_ignore_ascii_case("ssl-mode"))
+        .find(|(_, v)| {
+            !["disable", "disabled", "allow", "prefer", "preferred"]
+                .iter()
+                .any(|weak| v.eq_ignore_ascii_case(weak))
+        })
+        .map(|(k, v)| format!("{k}={v}"))
 }
 
 /// Opens and closes one connection: a pool retries a refused connection until its acquire

@@ -32,6 +32,7 @@ pub mod dedup;
 pub mod faults;
 pub mod outbox;
 mod services;
+pub mod tls;
 pub mod transport;
 
 pub use services::{service_available, unique_name, Backend};

@@ -57,6 +57,20 @@ proptest! {
     }
 
     #[test]
+    fn redacted_urls_never_show_a_secret_of_the_query(
+        user in "[a-z]{1,8}",
+        password in "[A-Za-z0-9%]{6,16}",
+        key in "(password|PASSWORD|sslpassword|token|sasl[.]password)",
+        before in "(sslmode=verify-full&)?",
+        after in "(&sslrootcert=/ca.pem)?(#frag)?",
+    ) {
+        let url = format!("postgres://{user}:{password}@db/test?{before}{key}={password}{after}");
+        let red = redact_url(&url);
+        prop_assert!(!red.contains(&password), "{red}");
+        prop_assert_eq!(red, format!("postgres://{user}:***@db/test?{before}{key}=***{after}"));
+    }
+
+    #[test]
     fn message_ids_are_non_blank_and_bounded(s in ".{0,300}") {
         let ok = !s.trim().is_empty() && s.len() <= MAX_MESSAGE_ID_BYTES;
         prop_assert_eq!(MessageId::new(s).is_ok(), ok);

@@ -8,6 +8,8 @@ mod metrics;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_tls;
 mod relay;
 mod replay;
 mod rules;

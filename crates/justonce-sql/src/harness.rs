@@ -1,0 +1,297 @@
+//! A PostgreSQL server of one's own, for tests (feature `harness`): a cluster made by
+//! `initdb` in a temporary directory, on a free port of 127.0.0.1, with a password, and
+//! TLS when asked for; killed and deleted when dropped. The machine's own server is never
+//! touched.
+//!
+//! PostgreSQL refuses to run as root: under root the cluster belongs to the `postgres`
+//! user, and its programs run through `runuser`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// The superuser's password on a server of one's own.
+pub const PASSWORD: &str = "jo-harness-pw-7f3a";
+
+/// The user that a server with TLS and a client CA lets in by its certificate alone
+/// (`cert` in `pg_hba.conf`): a client certificate whose common name is this.
+pub const CERT_USER: &str = "jo_cert";
+
+/// What the server presents and trusts: its certificate and key, and the authority whose
+/// client certificates it accepts. PEM files.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// The server's key.
+    pub key: PathBuf,
+    /// The authority of the client certificates it accepts.
+    pub client_ca: PathBuf,
+}
+
+/// A `postgres` process this program started, on a cluster of its own.
+pub struct OwnPostgres {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+}
+
+impl OwnPostgres {
+    /// The directory of PostgreSQL's programs: `$JUSTONCE_PG_BIN`, else the newest
+    /// `/usr/lib/postgresql/*/bin` that has `initdb`; `None` when there is none.
+    pub fn bin_dir() -> Option<PathBuf> {
+        if let Some(dir) = std::env::var_os("JUSTONCE_PG_BIN") {
+            return Some(PathBuf::from(dir));
+        }
+        let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .flatten()
+            .filter_map(|e| {
+                let version = e.file_name().to_str()?.parse().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("initdb").is_file().then_some((version, bin))
+            })
+            .collect();
+        found.sort();
+        found.pop().map(|(_, bin)| bin)
+    }
+
+    /// Whether `initdb` and `postgres` are installed.
+    pub fn installed() -> bool {
+        Self::bin_dir().is_some()
+    }
+
+    /// Makes a cluster (superuser `postgres`, password [`PASSWORD`], SCRAM over TCP) and
+    /// starts it on a free port of 127.0.0.1. With `tls`, `ssl = on` with that certificate,
+    /// and [`CERT_USER`] may log in by a client certificate of `tls.client_ca`; without it,
+    /// the server speaks plaintext only.
+    pub async fn start(tls: Option<&ServerTls>) -> io::Result<Self> {
+        let bin = Self::bin_dir()
+            .ok_or_else(|| io::Error::other("PostgreSQL's initdb is not installed"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = tempfile::Builder::new().prefix("justonce-pg-").tempdir()?;
+        let data = dir.path().join("data");
+        let pwfile = dir.path().join("pw");
+        std::fs::write(&pwfile, PASSWORD)?;
+        hand_over(dir.path())?;
+        hand_over(&pwfile)?;
+        run(
+            &bin,
+            "initdb",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-U".as_ref(),
+                "postgres".as_ref(),
+                "--auth-local=trust".as_ref(),
+                "--auth-host=scram-sha-256".as_ref(),
+                "--pwfile".as_ref(),
+                pwfile.as_os_str(),
+                "--no-sync".as_ref(),
+                "-E".as_ref(),
+                "UTF8".as_ref(),
+            ],
+        )
+        .await?;
+        let mut conf = format!(
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n",
+            dir.path().display()
+        );
+        let mut hba = "local all all trust\n".to_owned();
+        match tls {
+            Some(tls) => {
+                for (from, to) in [
+                    (&tls.cert, "server.crt"),
+                    (&tls.key, "server.key"),
+                    (&tls.client_ca, "client-ca.crt"),
+                ] {
+                    let path = data.join(to);
+                    std::fs::copy(from, &path)?;
+                    hand_over(&path)?;
+                }
+                conf.push_str(
+                    "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+                     ssl_ca_file = 'client-ca.crt'\n",
+                );
+                hba.push_str(&format!(
+                    "hostssl all {CERT_USER} 127.0.0.1/32 cert\n\
+                     hostssl all all 127.0.0.1/32 scram-sha-256\n"
+                ));
+            }
+            None => {
+                conf.push_str("ssl = off\n");
+                hba.push_str("host all all 127.0.0.1/32 scram-sha-256\n");
+            }
+        }
+        append(&data.join("postgresql.conf"), &conf)?;
+        std::fs::write(data.join("pg_hba.conf"), hba)?;
+        let mut server = OwnPostgres {
+            child: None,
+            port,
+            dir,
+            bin,
+        };
+        server.spawn().await?;
+        if tls.is_some() {
+            server
+                .psql(&format!(
+                    "CREATE USER {CERT_USER}; GRANT ALL ON SCHEMA public TO {CERT_USER}"
+                ))
+                .await?;
+        }
+        Ok(server)
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres:PASSWORD@127.0.0.1:PORT/postgres` followed by `query` (say
+    /// `?sslmode=verify-full&sslrootcert=…`).
+    pub fn url(&self, query: &str) -> String {
+        format!(
+            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres{query}",
+            self.port
+        )
+    }
+
+    /// Runs `sql` as the superuser, over the server's Unix socket.
+    pub async fn psql(&self, sql: &str) -> io::Result<()> {
+        let socket = self.dir.path().as_os_str();
+        let port = self.port.to_string();
+        run(
+            &self.bin,
+            "psql",
+            &[
+                "-h".as_ref(),
+                socket,
+                "-p".as_ref(),
+                port.as_ref(),
+                "-U".as_ref(),
+                "postgres".as_ref(),
+                "-d".as_ref(),
+                "postgres".as_ref(),
+                "-v".as_ref(),
+                "ON_ERROR_STOP=1".as_ref(),
+                "-c".as_ref(),
+                sql.as_ref(),
+            ],
+        )
+        .await
+    }
+
+    async fn spawn(&mut self) -> io::Result<()> {
+        let data = self.dir.path().join("data");
+        let log = std::fs::File::create(self.dir.path().join("postgres.log"))?;
+        let child = command(&self.bin, "postgres")
+            .arg("-D")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = command(&self.bin, "pg_isready")
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .await
+                .is_ok_and(|s| s.success());
+            if ready {
+                return Ok(());
+            }
+            if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                return Err(io::Error::other(format!(
+                    "postgres on port {} exited with {status}: {}",
+                    self.port,
+                    self.log()
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("postgres on port {} did not answer in 30 s", self.port),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    // `/proc/self` belongs to the process's effective user.
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// A PostgreSQL program; under root, as the `postgres` user.
+fn command(bin: &Path, program: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin.join(program));
+        c
+    } else {
+        Command::new(bin.join(program))
+    }
+}
+
+async fn run(bin: &Path, program: &str, args: &[&std::ffi::OsStr]) -> io::Result<()> {
+    let out = command(bin, program).args(args).output().await?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "{program} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Under root, gives `path` to the `postgres` user, who runs the server.
+fn hand_over(path: &Path) -> io::Result<()> {
+    if !is_root() {
+        return Ok(());
+    }
+    let out = std::process::Command::new("chown")
+        .arg("postgres:postgres")
+        .arg(path)
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "chown postgres {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn append(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
