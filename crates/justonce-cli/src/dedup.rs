@@ -38,14 +38,24 @@ enum DedupCommand {
 #[derive(Debug, Args)]
 struct Store {
     /// The store: sqlite:PATH (the file must exist), postgres://…, mysql://…
-    #[arg(long)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: String,
     /// The dedup table.
     #[arg(long, default_value = "jo_dedup")]
     dedup_table: String,
     /// The claim store, when the consumer uses claims: its URL (on SQLite a file of its
     /// own; on a server, by default, the store's database).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_CLAIMS_URL",
+        hide_env_values = true
+    )]
     claims: Option<String>,
     /// The claims table on a server.
     #[arg(long, default_value = "jo_claims")]

@@ -37,7 +37,12 @@ enum DlqCommand {
 #[derive(Debug, Args)]
 struct Target {
     /// The transport: sqlite:PATH, postgres://…, amqp://…
-    #[arg(long)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: String,
     /// The queue whose dead letters these are. It must exist: nothing is created.
     #[arg(long, default_value = "orders")]

@@ -15,13 +15,23 @@ use serde_json::json;
 #[derive(Debug, clap::Args)]
 pub(crate) struct DoctorArgs {
     /// Transport URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: String,
     /// The work queue.
     #[arg(long, default_value = "orders")]
     queue: String,
     /// Store URL (the dedup table's database).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// The dedup table.
     #[arg(long, default_value = "jo_dedup")]

@@ -11,6 +11,7 @@ mod orders;
 mod outbox;
 mod produce;
 mod publish;
+mod secrets;
 mod serve;
 mod worker;
 
@@ -22,6 +23,46 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// A file holding the transport URL on one line (a mounted secret), instead of
+    /// --transport; also JUSTONCE_TRANSPORT_URL_FILE.
+    #[arg(long, global = true, value_name = "PATH")]
+    transport_file: Option<std::path::PathBuf>,
+    /// A file holding the store URL, instead of --store; also JUSTONCE_STORE_URL_FILE.
+    #[arg(long, global = true, value_name = "PATH")]
+    store_file: Option<std::path::PathBuf>,
+    /// A file holding the claim store's URL, instead of --claims; also
+    /// JUSTONCE_CLAIMS_URL_FILE.
+    #[arg(long, global = true, value_name = "PATH")]
+    claims_file: Option<std::path::PathBuf>,
+}
+
+impl Cli {
+    /// A `--X-file` given to a command that takes no `--X` is an error, not ignored.
+    fn check_url_files(&self, matches: &clap::ArgMatches) -> anyhow::Result<()> {
+        use clap::CommandFactory as _;
+        let mut command = Cli::command();
+        let mut m = matches;
+        while let Some((name, sub)) = m.subcommand() {
+            let Some(next) = command.find_subcommand(name).cloned() else {
+                break;
+            };
+            command = next;
+            m = sub;
+        }
+        for (flag, given) in [
+            ("transport", self.transport_file.is_some()),
+            ("store", self.store_file.is_some()),
+            ("claims", self.claims_file.is_some()),
+        ] {
+            if given && !command.get_arguments().any(|a| a.get_long() == Some(flag)) {
+                anyhow::bail!(
+                    "`justonce {}` takes no --{flag}, so --{flag}-file means nothing to it",
+                    command.get_name()
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,7 +107,19 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Err(e) = secrets::read_url_files(&args) {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let matches = <Cli as clap::CommandFactory>::command().get_matches_from(&args);
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = cli.check_url_files(&matches) {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    secrets::warn_about_command_line(&args);
     // The demo's faults are on purpose: its warnings would drown the table.
     // lapin logs a broker restart as errors; the lab reports it as a fault it made.
     init_tracing(

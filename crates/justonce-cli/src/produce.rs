@@ -26,7 +26,12 @@ const KEYS: usize = 16;
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProduceArgs {
     /// Store URL: the business database, where the outbox table is.
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: String,
     /// Prefix of the tables (`{prefix}_placed`, `{prefix}_outbox`, …), made by the lab.
     #[arg(long)]

@@ -14,7 +14,12 @@ use crate::demo::plan::{IdStrategy, Plan};
 #[derive(Debug, clap::Args)]
 pub(crate) struct PublishArgs {
     /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: String,
     /// Queue name.
     #[arg(long)]

@@ -26,10 +26,20 @@ use crate::orders::{Bank, PaymentHandler, Seen, Strategy, Tables};
 #[derive(Debug, clap::Args)]
 pub(crate) struct WorkerArgs {
     /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: String,
     /// Store URL (sqlite:PATH, postgres://… or mysql://…).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: String,
     /// Queue name.
     #[arg(long, default_value = "orders")]

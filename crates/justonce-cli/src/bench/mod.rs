@@ -84,11 +84,21 @@ impl Ids {
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
     /// Transport URL (default: an embedded SQLite queue, a fresh file per run).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: Option<String>,
     /// Store URL for the business data and dedup records (default: embedded SQLite, a
     /// fresh file per run).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// Messages of each run's timed drain (unbatched runs, ten times slower per message,
     /// drain a tenth of it).
@@ -334,7 +344,8 @@ async fn child(
         .unwrap_or_else(|| (messages / 5).max(10 * window));
     let out = tokio::process::Command::new(exe)
         .arg("bench-run")
-        .args(["--transport", &transport, "--store", &store])
+        .env("JUSTONCE_TRANSPORT_URL", &transport)
+        .env("JUSTONCE_STORE_URL", &store)
         .args(["--variant", case.variant.as_str()])
         .args(["--batch", &case.batch.to_string()])
         .args(["--concurrency", &case.concurrency.to_string()])

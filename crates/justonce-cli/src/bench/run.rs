@@ -39,10 +39,20 @@ use justonce::backend::{StoreKind, TransportKind};
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BenchRunArgs {
     /// Transport URL.
-    #[arg(long)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     pub(crate) transport: String,
     /// Store URL.
-    #[arg(long)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     pub(crate) store: String,
     /// What consumes.
     #[arg(long, value_enum)]
@@ -292,7 +302,8 @@ async fn measure_processes<B: Bank>(
     for _ in 0..args.workers {
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.arg("bench-run")
-            .args(["--transport", &args.transport, "--store", &args.store])
+            .env("JUSTONCE_TRANSPORT_URL", &args.transport)
+            .env("JUSTONCE_STORE_URL", &args.store)
             .args(["--variant", args.variant.as_str()])
             .args(["--batch", &args.batch.to_string()])
             .args(["--concurrency", &args.concurrency.to_string()])

@@ -26,10 +26,20 @@ use report::{Report, Row, EXACTLY_ONCE};
 #[derive(Debug, clap::Args)]
 pub(crate) struct DemoArgs {
     /// Transport URL (default: an embedded SQLite queue in a fresh temporary directory).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: Option<String>,
     /// Store URL for the business data and dedup records (default: embedded SQLite).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// Orders to publish.
     #[arg(long, default_value_t = 20_000)]

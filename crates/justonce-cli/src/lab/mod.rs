@@ -163,10 +163,20 @@ impl FaultClass {
 #[derive(Debug, clap::Args)]
 pub(crate) struct LabArgs {
     /// Transport URL (default: an embedded SQLite queue in a fresh temporary directory).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: Option<String>,
     /// Store URL for the business data and dedup records (default: embedded SQLite).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// The consumers' semantics.
     #[arg(long, default_value = "effectively-once")]

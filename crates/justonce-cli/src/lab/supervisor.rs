@@ -82,56 +82,53 @@ impl WorkerSpec {
         marks: mpsc::UnboundedSender<Mark>,
     ) -> anyhow::Result<Worker> {
         let mut cmd = Command::new(&self.exe);
-        cmd.args([
-            "worker",
-            "--transport",
-            &self.transport,
-            "--store",
-            &self.store,
-        ])
-        .args([
-            "--queue",
-            &self.queue,
-            "--consumer",
-            &self.consumer,
-            "--tables",
-            &self.tables,
-        ])
-        // A slot's name outlives its worker: the replacement of a killed worker takes the
-        // entries it held back at once (on a Redis stream; elsewhere the name is unused).
-        .args(["--consumer-name", &format!("{}-w{slot}", self.consumer)])
-        .args([
-            "--semantics",
-            self.semantics.as_str(),
-            "--batch-size",
-            &BATCH.to_string(),
-        ])
-        .args([
-            "--lease-ms",
-            &self.lease.as_millis().to_string(),
-            "--audit",
-            "--no-setup",
-        ])
-        .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
-        .args(self.positions_in_store.then_some("--ack-in-transaction"))
-        .args(self.kafka_workers.into_iter().flat_map(|k| {
-            let mine: Vec<String> = (0..KAFKA_PARTITIONS)
-                .filter(|p| p % k == slot)
-                .map(|p| p.to_string())
-                .collect();
-            ["--kafka-partitions".to_owned(), mine.join(",")]
-        }))
-        .args(self.metrics.into_iter().flat_map(|base| {
-            let addr = super::scrape::worker_addr(base, slot).to_string();
-            // The lab reads the dead letters itself; the workers leave them alone.
-            [
-                "--metrics-addr".to_owned(),
-                addr,
-                "--metrics-poll-secs".into(),
-                "0".into(),
-            ]
-        }))
-        .args(&self.topology);
+        // The URLs go in the environment, never on a command line (crate::secrets).
+        cmd.arg("worker")
+            .env("JUSTONCE_TRANSPORT_URL", &self.transport)
+            .env("JUSTONCE_STORE_URL", &self.store)
+            .args([
+                "--queue",
+                &self.queue,
+                "--consumer",
+                &self.consumer,
+                "--tables",
+                &self.tables,
+            ])
+            // A slot's name outlives its worker: the replacement of a killed worker takes the
+            // entries it held back at once (on a Redis stream; elsewhere the name is unused).
+            .args(["--consumer-name", &format!("{}-w{slot}", self.consumer)])
+            .args([
+                "--semantics",
+                self.semantics.as_str(),
+                "--batch-size",
+                &BATCH.to_string(),
+            ])
+            .args([
+                "--lease-ms",
+                &self.lease.as_millis().to_string(),
+                "--audit",
+                "--no-setup",
+            ])
+            .args(["--backoff-max-ms", &BACKOFF_MAX.as_millis().to_string()])
+            .args(self.positions_in_store.then_some("--ack-in-transaction"))
+            .args(self.kafka_workers.into_iter().flat_map(|k| {
+                let mine: Vec<String> = (0..KAFKA_PARTITIONS)
+                    .filter(|p| p % k == slot)
+                    .map(|p| p.to_string())
+                    .collect();
+                ["--kafka-partitions".to_owned(), mine.join(",")]
+            }))
+            .args(self.metrics.into_iter().flat_map(|base| {
+                let addr = super::scrape::worker_addr(base, slot).to_string();
+                // The lab reads the dead letters itself; the workers leave them alone.
+                [
+                    "--metrics-addr".to_owned(),
+                    addr,
+                    "--metrics-poll-secs".into(),
+                    "0".into(),
+                ]
+            }))
+            .args(&self.topology);
         Worker::start(
             cmd,
             "a worker",

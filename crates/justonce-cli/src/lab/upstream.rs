@@ -51,7 +51,8 @@ impl Upstream {
     /// Starts a publisher process; what it says on stderr is kept for an error message.
     pub(crate) fn publisher(s: &UpstreamSpec<'_>) -> anyhow::Result<Self> {
         let mut cmd = Command::new(s.exe);
-        cmd.args(["publish", "--transport", s.transport, "--queue", s.queue])
+        cmd.args(["publish", "--queue", s.queue])
+            .env("JUSTONCE_TRANSPORT_URL", s.transport)
             .args(["--messages", &s.messages.to_string()])
             .args(["--seed", &s.seed.to_string()])
             .args(["--chunk", &s.pace.0.to_string()])
@@ -76,6 +77,8 @@ impl Upstream {
             exe: s.exe.to_owned(),
             producer_args: producer_args(s),
             relay_args: relay_args(s),
+            transport: s.transport.to_owned(),
+            store: s.store.to_owned(),
             producer: None,
             produced: false,
             relays: Vec::new(),
@@ -165,6 +168,9 @@ pub(crate) struct Relayed {
     exe: std::path::PathBuf,
     producer_args: Vec<String>,
     relay_args: Vec<String>,
+    /// The URLs, passed in the environment (crate::secrets).
+    transport: String,
+    store: String,
     /// None once it has finished.
     producer: Option<Worker>,
     produced: bool,
@@ -185,7 +191,9 @@ impl Relayed {
             (&self.relay_args, "a relay")
         };
         let mut cmd = Command::new(&self.exe);
-        cmd.args(args);
+        cmd.args(args)
+            .env("JUSTONCE_TRANSPORT_URL", &self.transport)
+            .env("JUSTONCE_STORE_URL", &self.store);
         Worker::start(
             cmd,
             what,
@@ -261,9 +269,7 @@ impl Relayed {
 }
 
 fn producer_args(s: &UpstreamSpec<'_>) -> Vec<String> {
-    let mut a: Vec<String> = ["produce", "--store", s.store, "--tables", s.tables]
-        .map(String::from)
-        .into();
+    let mut a: Vec<String> = ["produce", "--tables", s.tables].map(String::from).into();
     a.extend(["--messages".into(), s.messages.to_string()]);
     a.extend(["--seed".into(), s.seed.to_string()]);
     a.extend(["--pace-ms".into(), PRODUCER_PACE_MS.to_string()]);
@@ -271,16 +277,7 @@ fn producer_args(s: &UpstreamSpec<'_>) -> Vec<String> {
 }
 
 fn relay_args(s: &UpstreamSpec<'_>) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "outbox",
-        "relay",
-        "--store",
-        s.store,
-        "--transport",
-        s.transport,
-    ]
-    .map(String::from)
-    .into();
+    let mut a: Vec<String> = ["outbox", "relay"].map(String::from).into();
     a.extend(["--table".into(), format!("{}_outbox", s.tables)]);
     a.extend(["--queue".into(), s.queue.to_owned()]);
     a.extend(["--lease-ms".into(), RELAY_LEASE.as_millis().to_string()]);

@@ -35,10 +35,20 @@ use crate::orders::{Bank, Tables};
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
     /// Store URL of the outbox (default: embedded SQLite in a temporary directory).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// Transport URL the messages go to (default: an embedded SQLite queue).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: Option<String>,
     /// Messages per throughput run.
     #[arg(long, default_value_t = 20_000)]

@@ -60,7 +60,12 @@ enum OutboxCommand {
 #[derive(Debug, clap::Args)]
 struct At {
     /// Store URL (the outbox's database: sqlite:PATH, postgres://… or mysql://…).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_STORE_URL",
+        hide_env_values = true
+    )]
     store: String,
     /// The outbox table.
     #[arg(long, default_value = "jo_outbox")]
@@ -89,7 +94,12 @@ struct RelayArgs {
     #[command(flatten)]
     at: At,
     /// Transport URL to publish to (sqlite:PATH, postgres://… or amqp://…).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TRANSPORT_URL",
+        hide_env_values = true
+    )]
     transport: String,
     /// The queue the rows go to.
     #[arg(long)]

@@ -11,4 +11,5 @@ mod lab;
 mod logs;
 mod metrics;
 mod outbox;
+mod secrets;
 mod tool;
