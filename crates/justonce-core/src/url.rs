@@ -32,6 +32,7 @@ const SECRET_KEYS: &[&str] = &[
 ///     "postgres://app@db/test?sslmode=verify-full&password=***"
 /// );
 /// assert_eq!(redact_url("nats://h:4222?token=t0k3n#x"), "nats://h:4222?token=***#x");
+/// assert_eq!(redact_url("nats://t0k3n@h:4222"), "nats://***@h:4222");
 /// ```
 pub fn redact_url(url: &str) -> String {
     let (url, fragment) = url.split_at(url.find('#').unwrap_or(url.len()));
@@ -74,6 +75,11 @@ fn redact_userinfo(url: &str) -> String {
     let userinfo = &authority[..at];
     let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
     if user.len() == userinfo.len() {
+        // A NATS URL's user without a password is a token.
+        let scheme = &url[..scheme_end];
+        if scheme.eq_ignore_ascii_case("nats") || scheme.eq_ignore_ascii_case("tls") {
+            return format!("{}***{}", &url[..rest_start], &rest[at..]);
+        }
         return url.to_owned();
     }
     format!("{}{}:***{}", &url[..rest_start], user, &rest[at..])

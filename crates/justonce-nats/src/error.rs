@@ -49,7 +49,7 @@ pub(crate) fn not_found(e: &dyn std::fmt::Display) -> bool {
 }
 
 /// Connecting failed: say where, without the password.
-pub(crate) fn connect(url: &str, e: async_nats::ConnectError) -> Error {
+pub(crate) fn connect(url: &str, tls: bool, e: async_nats::ConnectError) -> Error {
     use async_nats::ConnectErrorKind as K;
     let kind = match e.kind() {
         K::Authentication | K::AuthorizationViolation => ErrorKind::Permission,
@@ -58,7 +58,15 @@ pub(crate) fn connect(url: &str, e: async_nats::ConnectError) -> Error {
     };
     Error::with_source(
         kind,
-        format!("cannot connect to NATS at {}", redact_url(url)),
+        format!(
+            "cannot connect to NATS at {}{}",
+            redact_url(url),
+            if tls {
+                " over TLS (never in plaintext)"
+            } else {
+                ""
+            }
+        ),
         e,
     )
 }

@@ -13,6 +13,8 @@ pub struct OwnServer {
     child: Option<Child>,
     port: u16,
     config: std::path::PathBuf,
+    /// Whether a client with no credentials and no TLS may connect (the readiness probe).
+    open: bool,
     /// Removed when the server is dropped.
     _dir: tempfile::TempDir,
 }
@@ -27,6 +29,13 @@ impl OwnServer {
     /// store directory, with `max_payload` (bytes; the server's default is 1 MiB), and
     /// waits until it answers.
     pub async fn start(max_payload: usize) -> io::Result<Self> {
+        Self::start_with(max_payload, "").await
+    }
+
+    /// [`OwnServer::start`] with `extra` appended to its configuration file: an
+    /// `authorization` block, a `tls` block. A server that asks its clients to log in or
+    /// to speak TLS is ready when its port accepts connections.
+    pub async fn start_with(max_payload: usize, extra: &str) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -39,7 +48,7 @@ impl OwnServer {
             &config,
             format!(
                 "listen: \"127.0.0.1:{port}\"\nmax_payload: {max_payload}\n\
-                 jetstream {{\n  store_dir: \"{}\"\n}}\n",
+                 jetstream {{\n  store_dir: \"{}\"\n}}\n{extra}\n",
                 store.display()
             ),
         )?;
@@ -47,10 +56,16 @@ impl OwnServer {
             child: None,
             port,
             config,
+            open: extra.is_empty(),
             _dir: dir,
         };
         server.spawn().await?;
         Ok(server)
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -83,7 +98,13 @@ impl OwnServer {
             .spawn()?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !answers(self.port).await {
+        while !(if self.open {
+            answers(self.port).await
+        } else {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+        }) {
             if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
                 return Err(io::Error::other(format!(
                     "nats-server on port {} exited with {status}",

@@ -24,9 +24,11 @@ mod codec;
 mod error;
 #[cfg(feature = "harness")]
 pub mod harness;
+mod link;
 mod options;
 mod stream;
 
+pub use link::NatsConnect;
 pub use options::{NatsOptions, Retention};
 pub use stream::{NatsStream, ServerVersion};
 

@@ -86,6 +86,10 @@ pub struct NatsOptions {
     pub create: bool,
     /// How long a request to the server may wait for its answer (default 5 s).
     pub request_timeout: Duration,
+    /// How to log in and the TLS to insist on, beyond the URL's user, password or token
+    /// and its `tls://` (default: nothing more). The URL's query can set each field too
+    /// (`?creds_file=…&tls_ca=…`).
+    pub connect: crate::NatsConnect,
 }
 
 impl NatsOptions {
@@ -104,6 +108,7 @@ impl NatsOptions {
             retention: Retention::WorkQueue,
             create: true,
             request_timeout: Duration::from_secs(5),
+            connect: crate::NatsConnect::default(),
         }
     }
 

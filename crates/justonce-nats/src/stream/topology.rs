@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
-use justonce_core::{redact_url, Error, Result};
+use justonce_core::{Error, Result};
 use tracing::info;
 
 use crate::error;
+use crate::link::Link;
 use crate::options::{window_too_short, NatsOptions, Retention};
 
 /// A nats-server's version.
@@ -68,22 +69,19 @@ impl std::fmt::Display for ServerVersion {
     }
 }
 
-/// Connects, failing within a few seconds when the server is not there.
+/// Connects, failing within a few seconds when the server is not there, logged in and
+/// with the TLS the URL and [`NatsOptions::connect`] ask for ([`crate::link`]).
 pub(super) async fn client(url: &str, opts: &NatsOptions) -> Result<async_nats::Client> {
-    let addr = url.trim();
-    if !(addr.starts_with("nats://") || addr.starts_with("tls://")) {
-        return Err(Error::config(format!(
-            "`{}` is not a NATS URL (nats://host:4222)",
-            redact_url(url)
-        )));
-    }
-    async_nats::ConnectOptions::new()
+    let link = Link::parse(url, &opts.connect)?;
+    let options = async_nats::ConnectOptions::new()
         .name("justonce")
         .connection_timeout(Duration::from_secs(3))
-        .request_timeout(Some(opts.request_timeout))
-        .connect(addr)
+        .request_timeout(Some(opts.request_timeout));
+    link.apply(options, url)
+        .await?
+        .connect(link.addr())
         .await
-        .map_err(|e| error::connect(url, e))
+        .map_err(|e| error::connect(url, link.wants_tls(), e))
 }
 
 /// What connect found: the stream's retention, and the consumer's limits as the server

@@ -10,6 +10,8 @@ use justonce_nats::harness::OwnServer;
 use justonce_nats::{NatsOptions, NatsStream, Retention};
 use justonce_test::unique_name;
 
+mod auth;
+
 fn url() -> Option<String> {
     let url = std::env::var("JUSTONCE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     justonce_test::service_available("NATS", "127.0.0.1:4222").then_some(url)
