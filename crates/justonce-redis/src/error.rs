@@ -18,7 +18,15 @@ pub(crate) fn connect(url: &str, e: RedisError) -> Error {
     };
     Error::with_source(
         kind,
-        format!("cannot connect to Redis at {}", redact_url(url)),
+        format!(
+            "cannot connect to Redis at {}{}",
+            redact_url(url),
+            if crate::connection::is_tls(url) {
+                " over TLS (never in plaintext)"
+            } else {
+                ""
+            }
+        ),
         e,
     )
 }

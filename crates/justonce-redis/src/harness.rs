@@ -14,6 +14,9 @@ pub struct OwnServer {
     child: Option<Child>,
     port: u16,
     args: Vec<String>,
+    /// Listening on TLS only: ready when the port accepts, since a plaintext `PING` would
+    /// not be answered.
+    tls: bool,
     /// Removed when the server is dropped.
     _dir: tempfile::TempDir,
 }
@@ -29,6 +32,13 @@ impl OwnServer {
     /// Starts `redis-server` with `args` (persistence settings, say `--appendonly yes`) on
     /// a free port of 127.0.0.1 and a temporary directory, and waits until it answers.
     pub async fn start(args: &[&str]) -> io::Result<Self> {
+        let mut server = Self::prepare("--port", args)?;
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// A server on a free port (`listen` names how: `--port` or `--tls-port`), not started.
+    fn prepare(listen: &str, args: &[&str]) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -36,7 +46,7 @@ impl OwnServer {
             .prefix("justonce-redis-")
             .tempdir()?;
         let mut all: Vec<String> = vec![
-            "--port".into(),
+            listen.into(),
             port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
@@ -46,14 +56,16 @@ impl OwnServer {
             "no".into(),
         ];
         all.extend(args.iter().map(|a| a.to_string()));
-        let mut server = OwnServer {
+        if listen == "--tls-port" {
+            all.extend(["--port".into(), "0".into()]);
+        }
+        Ok(OwnServer {
             child: None,
             port,
             args: all,
+            tls: listen == "--tls-port",
             _dir: dir,
-        };
-        server.spawn().await?;
-        Ok(server)
+        })
     }
 
     /// [`OwnServer::start`] as the guide says a Redis that keeps claims must run: an
@@ -70,9 +82,25 @@ impl OwnServer {
         .await
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// Starts `redis-server` listening on TLS only, on a free port of 127.0.0.1, with
+    /// `args` (`--tls-cert-file`, `--tls-key-file`, `--tls-ca-cert-file`,
+    /// `--tls-auth-clients`, a `--user` or a `--requirepass`), and waits until the port
+    /// accepts connections.
+    pub async fn start_tls(args: &[&str]) -> io::Result<Self> {
+        let mut server = Self::prepare("--tls-port", args)?;
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT` (`rediss://` for a server of [`OwnServer::start_tls`]).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server (SIGKILL, as a crash would) and starts it again on the same port
@@ -98,7 +126,13 @@ impl OwnServer {
             .spawn()?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !ping(self.port).await {
+        while !(if self.tls {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+        } else {
+            ping(self.port).await
+        }) {
             if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
                 return Err(io::Error::other(format!(
                     "redis-server on port {} exited with {status}",

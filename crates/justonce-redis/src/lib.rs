@@ -33,6 +33,7 @@ mod store;
 mod stream;
 
 pub use claims::{RedisClaimOptions, RedisClaimStore};
+pub use connection::client;
 pub use server::ServerSettings;
 pub use store::{RedisStore, RedisStoreOptions, RedisTx};
 pub use stream::{RedisStream, RedisStreamOptions, StartAt};

@@ -162,7 +162,7 @@ pub(crate) async fn bare_redis<B: Bank>(
     use redis::Value;
 
     let opts = justonce::redis::RedisStreamOptions::new(args.name.as_str());
-    let client = redis::Client::open(args.transport.as_str()).context("a Redis URL")?;
+    let client = justonce::redis::client(&args.transport)?;
     let mut tasks = Vec::new();
     for slot in 0..args.concurrency {
         let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);

@@ -168,13 +168,7 @@ impl RedisStream {
                 "a Redis stream's lease must be at least 30 ms",
             ));
         }
-        let client = redis::Client::open(url).map_err(|e| {
-            Error::with_source(
-                ErrorKind::Config,
-                format!("`{}` is not a Redis URL", justonce_core::redact_url(url)),
-                e,
-            )
-        })?;
+        let client = connection::client(url)?;
         let mut conn = connection::open(url, opts.response_timeout).await?;
         let scripts = Scripts {
             ready: Script::new(include_str!("../lua/stream_ready.lua")),

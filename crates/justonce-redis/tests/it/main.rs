@@ -4,6 +4,7 @@
 
 mod proxy;
 mod server;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
