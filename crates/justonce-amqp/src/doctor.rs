@@ -8,10 +8,10 @@
 
 use justonce_core::{Check, Result};
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Connection, ConnectionProperties};
+use lapin::Connection;
 
 use crate::connection::close_quietly;
-use crate::error::{amqp, connect};
+use crate::error::amqp;
 use crate::topology::{declare_part, exists, parts, refused, Part};
 use crate::{AmqpOptions, QueueType};
 
@@ -19,9 +19,7 @@ use crate::{AmqpOptions, QueueType};
 /// [`Check`] per part, and one for publisher confirms. An unreachable broker is an error.
 pub async fn check(url: &str, opts: &AmqpOptions) -> Result<Vec<Check>> {
     opts.validate()?;
-    let conn = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .map_err(|e| connect(url, e))?;
+    let conn = crate::connect(url, &opts.tls).await?;
     let out = checks(&conn, opts).await;
     close_quietly(&conn, 200, "justonce doctor").await;
     out

@@ -21,9 +21,22 @@ const BOOT: Duration = Duration::from_secs(120);
 struct Node {
     name: String,
     amqp: u16,
+    /// The TLS listener's port, when the node has one.
+    amqps: Option<u16>,
     dist: u16,
     dir: PathBuf,
     up: bool,
+}
+
+/// What a node's TLS listener presents and trusts: PEM files.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    /// The node's certificate.
+    pub cert: PathBuf,
+    /// The node's key.
+    pub key: PathBuf,
+    /// The authority of the client certificates it accepts.
+    pub ca: PathBuf,
 }
 
 /// A cluster of RabbitMQ nodes this program started.
@@ -65,6 +78,19 @@ impl Cluster {
     /// Starts `n` nodes on free loopback ports and joins them to the first; returns once
     /// every node runs the `rabbit` app in the cluster (about 10 s a node on two cores).
     pub async fn start(n: usize) -> io::Result<Self> {
+        Self::start_with(n, None).await
+    }
+
+    /// One node, like [`Cluster::start`], with a TLS listener beside its plaintext one
+    /// ([`Cluster::amqps_url`]): it presents `tls.cert`, asks clients for a certificate of
+    /// `tls.ca` (not requiring one), and logs in by certificate (`EXTERNAL`, the common
+    /// name as user name: the `rabbitmq_auth_mechanism_ssl` plugin) as well as by
+    /// password.
+    pub async fn start_tls(tls: &NodeTls) -> io::Result<Self> {
+        Self::start_with(1, Some(tls)).await
+    }
+
+    async fn start_with(n: usize, tls: Option<&NodeTls>) -> io::Result<Self> {
         if n == 0 {
             return Err(io::Error::other("a cluster needs at least one node"));
         }
@@ -86,15 +112,35 @@ impl Cluster {
             std::fs::create_dir_all(&node_dir)?;
             let amqp = free_port()?;
             let dist = free_port()?;
-            std::fs::write(
-                node_dir.join("rabbitmq.conf"),
-                format!("listeners.tcp.default = 127.0.0.1:{amqp}\nloopback_users = none\n"),
-            )?;
+            let mut conf =
+                format!("listeners.tcp.default = 127.0.0.1:{amqp}\nloopback_users = none\n");
+            let mut plugins = "[].\n";
+            let amqps = match tls {
+                Some(tls) => {
+                    let port = free_port()?;
+                    conf.push_str(&format!(
+                        "listeners.ssl.default = 127.0.0.1:{port}\n\
+                         ssl_options.cacertfile = {}\nssl_options.certfile = {}\n\
+                         ssl_options.keyfile = {}\nssl_options.verify = verify_peer\n\
+                         ssl_options.fail_if_no_peer_cert = false\n\
+                         auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\n\
+                         auth_mechanisms.3 = EXTERNAL\nssl_cert_login_from = common_name\n",
+                        tls.ca.display(),
+                        tls.cert.display(),
+                        tls.key.display()
+                    ));
+                    plugins = "[rabbitmq_auth_mechanism_ssl].\n";
+                    Some(port)
+                }
+                None => None,
+            };
+            std::fs::write(node_dir.join("rabbitmq.conf"), conf)?;
             std::fs::write(node_dir.join("env.conf"), "")?;
-            std::fs::write(node_dir.join("enabled_plugins"), "[].\n")?;
+            std::fs::write(node_dir.join("enabled_plugins"), plugins)?;
             nodes.push(Node {
                 name: format!("justonce{tag}n{i}@localhost"),
                 amqp,
+                amqps,
                 dist,
                 dir: node_dir,
                 up: false,
@@ -128,6 +174,20 @@ impl Cluster {
     /// `amqp://guest:guest@127.0.0.1:PORT/%2f` of node `i`.
     pub fn url(&self, i: usize) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.nodes[i].amqp)
+    }
+
+    /// `amqps://127.0.0.1:PORT/%2f` of node `i`'s TLS listener ([`Cluster::start_tls`]).
+    pub fn amqps_url(&self, i: usize) -> Option<String> {
+        self.nodes[i]
+            .amqps
+            .map(|port| format!("amqps://127.0.0.1:{port}/%2f"))
+    }
+
+    /// Adds the user `name` with `password` and every permission on `/`.
+    pub async fn add_user(&self, name: &str, password: &str) -> io::Result<()> {
+        self.ctl(0, &["add_user", name, password]).await?;
+        self.ctl(0, &["set_permissions", "-p", "/", name, ".*", ".*", ".*"])
+            .await
     }
 
     /// The AMQP address of node `i`.

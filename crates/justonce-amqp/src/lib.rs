@@ -32,8 +32,9 @@ mod source;
 mod topology;
 
 pub use codec::ATTEMPTS_HEADER;
+pub use connection::connect;
 pub use doctor::check;
-pub use options::{AmqpOptions, Binding, DeadLetters, Declare, ExchangeType, QueueType};
+pub use options::{AmqpOptions, AmqpTls, Binding, DeadLetters, Declare, ExchangeType, QueueType};
 pub use publisher::AmqpPublisher;
 pub use source::AmqpSource;
 pub use topology::declare;

@@ -224,6 +224,24 @@ pub struct AmqpOptions {
     pub confirm_window: usize,
     /// Re-sends after a nack, a timeout or a lost connection before a publish fails.
     pub publish_retries: u32,
+    /// The TLS of an `amqps://` URL beyond the system's roots: the broker's authority and
+    /// a client certificate. The URL's `cacertfile`, `certfile` and `keyfile` override
+    /// these ([`crate::connect`]).
+    pub tls: AmqpTls,
+}
+
+/// The files of an `amqps://` connection, as RabbitMQ's URI query names them: paths, never
+/// secrets themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AmqpTls {
+    /// The authority (PEM) of the broker's certificate, trusted beside the system's roots.
+    pub cacertfile: Option<std::path::PathBuf>,
+    /// A client certificate (PEM), for a broker that verifies its clients or logs them in
+    /// by it (`auth_mechanism=external`); with [`AmqpTls::keyfile`].
+    pub certfile: Option<std::path::PathBuf>,
+    /// The client certificate's key (PEM, PKCS#8).
+    pub keyfile: Option<std::path::PathBuf>,
 }
 
 impl AmqpOptions {
@@ -252,6 +270,7 @@ impl AmqpOptions {
             confirm_timeout: Duration::from_secs(10),
             confirm_window: 500,
             publish_retries: 5,
+            tls: AmqpTls::default(),
             queue,
         }
     }

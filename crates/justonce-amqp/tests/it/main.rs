@@ -8,6 +8,8 @@ use justonce_core::{DeadLetterReason, ErrorKind, Message, Publisher, Source};
 use justonce_test::unique_name;
 use lapin::options::QueueDeleteOptions;
 
+mod tls;
+
 fn url() -> Option<String> {
     let url = std::env::var("JUSTONCE_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());

@@ -102,9 +102,7 @@ pub(crate) async fn bare_amqp<B: Bank>(
     use lapin::types::FieldTable;
 
     let queue = AmqpOptions::new(args.name.as_str()).queue;
-    let conn = lapin::Connection::connect(&args.transport, lapin::ConnectionProperties::default())
-        .await
-        .context("connecting to RabbitMQ")?;
+    let conn = justonce::amqp::connect(&args.transport, &Default::default()).await?;
     let conn = Arc::new(conn);
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
