@@ -191,7 +191,7 @@ async fn pipe(
 /// `url` with its `host:port` replaced by `addr`, and the original `host:port`.
 pub(crate) fn through(url: &str, addr: SocketAddr) -> Option<(String, String)> {
     let (scheme, rest) = url.split_once("://")?;
-    let (authority, path) = match rest.find('/') {
+    let (authority, path) = match rest.find(['/', '?', '#']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
@@ -225,6 +225,13 @@ mod tests {
             (
                 "postgres://postgres@127.0.0.1:4000/test".into(),
                 "localhost:5432".into()
+            )
+        );
+        assert_eq!(
+            through("rediss://app:pw@cache:6380?tls_ca=/ca.pem", addr).unwrap(),
+            (
+                "rediss://app:pw@127.0.0.1:4000?tls_ca=/ca.pem".into(),
+                "cache:6380".into()
             )
         );
         assert_eq!(through("sqlite:/tmp/x.db", addr), None);

@@ -12,4 +12,5 @@ mod logs;
 mod metrics;
 mod outbox;
 mod secrets;
+mod tls;
 mod tool;

@@ -1,0 +1,130 @@
+//! The demo and the lab over TLS on RabbitMQ and PostgreSQL servers of the test's own
+//! (certificates the test makes): the URLs, passwords in them, given in the environment;
+//! every order applied once; the same `amqps://` URL aimed at the plaintext port refused;
+//! nothing printed shows a password.
+
+use std::process::{Command, Output};
+
+use justonce_amqp::harness::{Cluster, NodeTls};
+use justonce_sql::harness::{OwnPostgres, ServerTls, PASSWORD as PG_PASSWORD};
+use justonce_test::tls::Pki;
+use serde_json::Value;
+
+const MQ_PASSWORD: &str = "mq-pw-61d2-not-shown";
+
+fn justonce(args: &[&str], transport: &str, store: &str) -> (Output, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(args)
+        .env("JUSTONCE_TRANSPORT_URL", transport)
+        .env("JUSTONCE_STORE_URL", store)
+        .output()
+        .expect("the justonce binary runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in [MQ_PASSWORD, PG_PASSWORD] {
+        assert!(!all.contains(secret), "a password was printed: {all}");
+    }
+    (out, all)
+}
+
+fn last_json(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("a JSON report")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_and_the_lab_run_over_tls_with_urls_from_the_environment() {
+    if !Cluster::installed() || !OwnPostgres::installed() {
+        assert!(
+            std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "rabbitmq-server or PostgreSQL is not installed and JUSTONCE_REQUIRE_SERVICES=1"
+        );
+        eprintln!("SKIPPED: rabbitmq-server or PostgreSQL is not installed");
+        return;
+    }
+    let pki = Pki::new();
+    let (cert, key) = pki.server();
+    let ca = pki.ca();
+    let pg = OwnPostgres::start(Some(&ServerTls {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: ca.clone(),
+    }))
+    .await
+    .expect("postgres with TLS starts");
+    let node = Cluster::start_tls(&NodeTls {
+        cert,
+        key,
+        ca: ca.clone(),
+    })
+    .await
+    .expect("a RabbitMQ node with TLS starts");
+    node.add_user("app", MQ_PASSWORD).await.unwrap();
+    let transport =
+        node.amqps_url(0)
+            .unwrap()
+            .replacen("amqps://", &format!("amqps://app:{MQ_PASSWORD}@"), 1)
+            + &format!("?cacertfile={}", ca.display());
+    let store = pg.url(&format!(
+        "?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    ));
+
+    let (out, all) = justonce(
+        &["demo", "--messages", "2000", "--json"],
+        &transport,
+        &store,
+    );
+    assert!(out.status.success(), "{all}");
+    let report = last_json(&out);
+    let rows = report["rows"].as_array().unwrap();
+    let eo = rows
+        .iter()
+        .find(|r| r["semantics"] == "effectively-once")
+        .unwrap();
+    assert_eq!(eo["lost"], 0, "{report}");
+    assert_eq!(eo["duplicate_effects"], 0, "{report}");
+    assert!(
+        !all.contains("warning"),
+        "nothing typed on a command line: {all}"
+    );
+
+    // The same amqps:// URL aimed at the node's plaintext port: refused, not plaintext.
+    let plain_port = node.addr(0).port();
+    let tls_port = node.amqps_url(0).unwrap();
+    let tls_port = tls_port
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .unwrap()
+        .to_owned();
+    let wrong = transport.replacen(&format!(":{tls_port}/"), &format!(":{plain_port}/"), 1);
+    assert_ne!(wrong, transport);
+    let (out, all) = justonce(&["demo", "--messages", "50"], &wrong, &store);
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("over TLS"), "{all}");
+
+    let (out, all) = justonce(
+        &[
+            "lab",
+            "--json",
+            "--messages",
+            "1500",
+            "--workers",
+            "2",
+            "--faults",
+            "kill,cut",
+        ],
+        &transport,
+        &store,
+    );
+    let report = last_json(&out);
+    assert!(out.status.success(), "{all}");
+    assert_eq!(report["verdict"], "pass", "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    assert_eq!(report["duplicate_effects"], 0, "{report}");
+    assert!(report["faults"]["cuts"].as_u64().unwrap() >= 1, "{report}");
+}
