@@ -1,10 +1,10 @@
-//! A PostgreSQL server of one's own, for tests (feature `harness`): a cluster made by
-//! `initdb` in a temporary directory, on a free port of 127.0.0.1, with a password, and
-//! TLS when asked for; killed and deleted when dropped. The machine's own server is never
-//! touched.
+//! Database servers of one's own, for tests (feature `harness`): a PostgreSQL cluster made
+//! by `initdb`, or a MariaDB made by `mariadb-install-db`, in a temporary directory, on a
+//! free port of 127.0.0.1, with a password, and TLS when asked for; killed and deleted when
+//! dropped. The machine's own servers are never touched.
 //!
 //! PostgreSQL refuses to run as root: under root the cluster belongs to the `postgres`
-//! user, and its programs run through `runuser`.
+//! user, and its programs run through `runuser`. MariaDB runs as the user that starts it.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-/// The superuser's password on a server of one's own.
+/// The password of the superuser `postgres` (PostgreSQL) or of the user `app` (MariaDB) on
+/// a server of one's own.
 pub const PASSWORD: &str = "jo-harness-pw-7f3a";
 
 /// The user that a server with TLS and a client CA lets in by its certificate alone
@@ -294,4 +295,163 @@ fn append(path: &Path, text: &str) -> io::Result<()> {
         .append(true)
         .open(path)?
         .write_all(text.as_bytes())
+}
+
+/// A `mariadbd` process this program started, on a data directory of its own, with the
+/// database `test`, the user `app` (password [`PASSWORD`], every privilege) and, with TLS,
+/// the user [`CERT_USER`], who needs no password but a client certificate whose subject is
+/// `/CN=jo_cert` (`REQUIRE SUBJECT`).
+pub struct OwnMariaDb {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnMariaDb {
+    /// Whether `mariadbd` and `mariadb-install-db` are installed.
+    pub fn installed() -> bool {
+        Path::new("/usr/sbin/mariadbd").is_file() && which("mariadb-install-db").is_some()
+    }
+
+    /// Makes a data directory and starts `mariadbd` on a free port of 127.0.0.1; with
+    /// `tls`, it presents `tls.cert` and accepts client certificates of `tls.client_ca`.
+    pub async fn start(tls: Option<&ServerTls>) -> io::Result<Self> {
+        let install = which("mariadb-install-db")
+            .ok_or_else(|| io::Error::other("mariadb-install-db is not installed"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = tempfile::Builder::new()
+            .prefix("justonce-mariadb-")
+            .tempdir()?;
+        let data = dir.path().join("data");
+        let out = Command::new(install)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args([
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "mariadb-install-db failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let mut args = vec![
+            "--no-defaults".to_owned(),
+            format!("--datadir={}", data.display()),
+            format!("--port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--socket={}", dir.path().join("sock").display()),
+            format!("--pid-file={}", dir.path().join("pid").display()),
+            "--user=root".into(),
+            "--skip-name-resolve".into(),
+            "--innodb-flush-log-at-trx-commit=0".into(),
+        ];
+        if let Some(tls) = tls {
+            args.push(format!("--ssl-cert={}", tls.cert.display()));
+            args.push(format!("--ssl-key={}", tls.key.display()));
+            args.push(format!("--ssl-ca={}", tls.client_ca.display()));
+        }
+        let log = std::fs::File::create(dir.path().join("mariadb.log"))?;
+        let child = Command::new("/usr/sbin/mariadbd")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut server = OwnMariaDb {
+            child: Some(child),
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.sql("SELECT 1").await.is_err() {
+            if let Some(Some(status)) = server.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                return Err(io::Error::other(format!(
+                    "mariadbd on port {port} exited with {status}: {}",
+                    server.log()
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("mariadbd on port {port} did not answer in 30 s"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server
+            .sql(&format!(
+                "CREATE DATABASE test; CREATE USER 'app'@'%' IDENTIFIED BY '{PASSWORD}'; \
+                 GRANT ALL ON *.* TO 'app'@'%';"
+            ))
+            .await?;
+        if tls.is_some() {
+            server
+                .sql(&format!(
+                    "CREATE USER '{CERT_USER}'@'%' REQUIRE SUBJECT '/CN={CERT_USER}'; \
+                     GRANT ALL ON test.* TO '{CERT_USER}'@'%';"
+                ))
+                .await?;
+        }
+        Ok(server)
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `mysql://app:PASSWORD@127.0.0.1:PORT/test` followed by `query` (say
+    /// `?ssl-mode=VERIFY_IDENTITY&ssl-ca=…`).
+    pub fn url(&self, query: &str) -> String {
+        format!("mysql://app:{PASSWORD}@127.0.0.1:{}/test{query}", self.port)
+    }
+
+    /// Runs `sql` as root, over the server's Unix socket.
+    pub async fn sql(&self, sql: &str) -> io::Result<()> {
+        let out = Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!(
+                "--socket={}",
+                self.dir.path().join("sock").display()
+            ))
+            .args(["-uroot", "-e", sql])
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "mariadb -e failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mariadb.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for OwnMariaDb {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+/// `name` on the `PATH`.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
 }

@@ -5,6 +5,8 @@ mod amqp;
 mod environment;
 mod interleavings;
 mod metrics;
+#[cfg(feature = "mysql")]
+mod mysql_tls;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
