@@ -30,6 +30,26 @@ fn justonce(args: &[&str], transport: &str, store: &str) -> (Output, String) {
     (out, all)
 }
 
+/// Runs `args` with the URLs on the command line, where they warn; as [`justonce`].
+fn justonce_flags(args: &[&str], transport: &str, store: &str) -> (Output, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(args)
+        .args(["--transport", transport, "--store", store])
+        .env_remove("JUSTONCE_TRANSPORT_URL")
+        .env_remove("JUSTONCE_STORE_URL")
+        .output()
+        .expect("the justonce binary runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in [MQ_PASSWORD, PG_PASSWORD] {
+        assert!(!all.contains(secret), "a password was printed: {all}");
+    }
+    (out, all)
+}
+
 fn last_json(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("a JSON report")
@@ -106,6 +126,85 @@ async fn the_demo_and_the_lab_run_over_tls_with_urls_from_the_environment() {
     let (out, all) = justonce(&["demo", "--messages", "50"], &wrong, &store);
     assert!(!out.status.success(), "{all}");
     assert!(all.contains("over TLS"), "{all}");
+
+    // The operator's tools, succeeding and failing, in text and JSON, with the URLs in
+    // the environment and on the command line, a client certificate's key among them:
+    // none prints a password or the key.
+    let (client_cert, client_key) = pki.client(justonce_sql::harness::CERT_USER);
+    let key_body: String = std::fs::read_to_string(&client_key)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let by_cert = format!(
+        "postgres://{}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        justonce_sql::harness::CERT_USER,
+        pg.port(),
+        ca.display(),
+        client_cert.display(),
+        client_key.display()
+    );
+    let wrong_mq = transport.replace(MQ_PASSWORD, "wrong-mq-pw");
+    let wrong_pg = store.replace(PG_PASSWORD, "wrong-pg-pw");
+    let other_ca = store.replace(
+        &ca.display().to_string(),
+        &pki.other_ca().display().to_string(),
+    );
+    let mut tried = 0;
+    for (args, t, st, ok) in [
+        (
+            vec!["doctor", "--queue", "orders"],
+            &transport,
+            &store,
+            None,
+        ),
+        (
+            vec!["doctor", "--queue", "orders", "--json"],
+            &transport,
+            &store,
+            None,
+        ),
+        (
+            vec!["dlq", "list", "--queue", "orders"],
+            &transport,
+            &store,
+            None,
+        ),
+        (vec!["dedup", "stats"], &transport, &store, None),
+        (vec!["dedup", "stats", "--json"], &transport, &by_cert, None),
+        (
+            vec!["doctor", "--queue", "orders"],
+            &wrong_mq,
+            &store,
+            Some(false),
+        ),
+        (vec!["dedup", "stats"], &transport, &wrong_pg, Some(false)),
+        (
+            vec!["dedup", "stats", "--json"],
+            &transport,
+            &other_ca,
+            Some(false),
+        ),
+        (
+            vec!["demo", "--messages", "20"],
+            &wrong_mq,
+            &store,
+            Some(false),
+        ),
+    ] {
+        for (out, all) in [justonce(&args, t, st), justonce_flags(&args, t, st)] {
+            assert!(
+                !all.contains(&key_body),
+                "the client key was printed: {all}"
+            );
+            if let Some(ok) = ok {
+                assert_eq!(out.status.success(), ok, "{args:?}: {all}");
+            }
+            tried += 1;
+        }
+    }
+    assert_eq!(tried, 18);
 
     let (out, all) = justonce(
         &[

@@ -85,6 +85,11 @@ async fn a_verified_link_carries_the_queue_and_the_consumer() {
     let url = pg.url(&verify_full(&pki.ca(), ""));
     let queue = PgQueue::open(&url, "tls").await.unwrap();
     let store = PgStore::open(&url).await.unwrap();
+    let debug = format!("{queue:?} {store:?}");
+    assert!(
+        !debug.contains(PASSWORD),
+        "Debug shows the password: {debug}"
+    );
     sqlx::query("CREATE TABLE tls_ledger (order_id TEXT NOT NULL)")
         .execute(store.pool())
         .await
