@@ -325,9 +325,15 @@ impl OwnMariaDb {
             .prefix("justonce-mariadb-")
             .tempdir()?;
         let data = dir.path().join("data");
+        // A temporary directory of its own: two bootstraps at once in /tmp collide on
+        // their temporary tables ("Could not remove temporary table").
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp)?;
         let out = Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
+            .env("TMPDIR", &tmp)
             .args([
                 "--user=root",
                 "--auth-root-authentication-method=normal",
@@ -348,6 +354,7 @@ impl OwnMariaDb {
             "--bind-address=127.0.0.1".into(),
             format!("--socket={}", dir.path().join("sock").display()),
             format!("--pid-file={}", dir.path().join("pid").display()),
+            format!("--tmpdir={}", tmp.display()),
             "--user=root".into(),
             "--skip-name-resolve".into(),
             "--innodb-flush-log-at-trx-commit=0".into(),
