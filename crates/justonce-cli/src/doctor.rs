@@ -71,6 +71,14 @@ pub(crate) async fn run(a: DoctorArgs) -> anyhow::Result<()> {
     let opts = TransportOptions::default()
         .lease(Duration::from_millis(a.lease_ms))
         .amqp(amqp);
+    found.extend(
+        crate::doctor_link::check(&a.transport)
+            .await
+            .map(|c| ("transport", c)),
+    );
+    if let Some(store) = &a.store {
+        found.extend(crate::doctor_link::check(store).await.map(|c| ("store", c)));
+    }
     match justonce::doctor::check_transport(&a.transport, &a.queue, &opts).await {
         Ok(checks) => found.extend(checks.into_iter().map(|c| ("transport", c))),
         Err(e) => found.push((

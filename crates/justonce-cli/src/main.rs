@@ -6,6 +6,7 @@ mod dedup;
 mod demo;
 mod dlq;
 mod doctor;
+mod doctor_link;
 mod lab;
 mod orders;
 mod outbox;

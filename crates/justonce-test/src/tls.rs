@@ -92,6 +92,20 @@ impl Pki {
         )
     }
 
+    /// A server certificate for the same names as [`Pki::server`], signed by
+    /// [`Pki::ca`], that expires in `days` days (a certificate an operator must renew).
+    pub fn server_expiring_in(&self, days: i64) -> (PathBuf, PathBuf) {
+        let (cert, key) = leaf_until(
+            &self.issuer,
+            "localhost",
+            true,
+            Some(time::OffsetDateTime::now_utc() + time::Duration::days(days)),
+        );
+        write(self.dir.path(), "server-soon.pem", &cert);
+        write(self.dir.path(), "server-soon.key", &key);
+        (self.file("server-soon.pem"), self.file("server-soon.key"))
+    }
+
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -114,6 +128,16 @@ fn authority(name: &str) -> (Issuer<'static, KeyPair>, String) {
 /// A certificate signed by `issuer`: a server's for `127.0.0.1` and `name`, or a client's
 /// whose common name is `name`; and its key, PKCS#8 PEM.
 fn leaf(issuer: &Issuer<'static, KeyPair>, name: &str, server: bool) -> (String, String) {
+    leaf_until(issuer, name, server, None)
+}
+
+/// [`leaf`], valid until `not_after` when given.
+fn leaf_until(
+    issuer: &Issuer<'static, KeyPair>,
+    name: &str,
+    server: bool,
+    not_after: Option<time::OffsetDateTime>,
+) -> (String, String) {
     let names = if server {
         vec!["127.0.0.1".to_owned(), name.to_owned()]
     } else {
@@ -130,6 +154,10 @@ fn leaf(issuer: &Issuer<'static, KeyPair>, name: &str, server: bool) -> (String,
     } else {
         ExtendedKeyUsagePurpose::ClientAuth
     }];
+    if let Some(at) = not_after {
+        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+        params.not_after = at;
+    }
     let key = KeyPair::generate().expect("a key");
     let cert = params
         .signed_by(&key, issuer)

@@ -29,9 +29,9 @@ use justonce_core::{
 /// Every transport scheme, with its feature: for the error that lists them.
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
     postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`), \
-    amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`), \
-    redis://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`), \
-    nats://HOST:PORT (a NATS JetStream stream, feature `nats`) or \
+    amqp[s]://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`), \
+    redis[s]://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`), \
+    nats://HOST:PORT or tls://HOST:PORT (a NATS JetStream stream, feature `nats`) or \
     kafka://HOST:PORT[,HOST:PORT] (a Kafka topic, feature `kafka`)";
 
 /// Every store scheme, with its feature.
@@ -91,7 +91,7 @@ impl TransportKind {
             "postgres" | "postgresql" => TransportKind::Postgres,
             "amqp" | "amqps" => TransportKind::Amqp,
             "redis" | "rediss" => TransportKind::Redis,
-            "nats" => TransportKind::Nats,
+            "nats" | "tls" => TransportKind::Nats,
             "kafka" => TransportKind::Kafka,
             "mysql" | "mariadb" => {
                 return Err(Error::config(format!(

@@ -227,3 +227,97 @@ async fn the_demo_and_the_lab_run_over_tls_with_urls_from_the_environment() {
     assert_eq!(report["duplicate_effects"], 0, "{report}");
     assert!(report["faults"]["cuts"].as_u64().unwrap() >= 1, "{report}");
 }
+
+/// `doctor` reads each link: TLS and what was verified, the certificate's expiry (a
+/// warning under 30 days), a certificate of another authority (a failure), and TLS
+/// without verification (a warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_what_each_link_verified_and_when_its_certificate_expires() {
+    use justonce_nats::harness::OwnServer;
+    if !OwnServer::installed() || !OwnPostgres::installed() {
+        assert!(
+            std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "nats-server or PostgreSQL is not installed and JUSTONCE_REQUIRE_SERVICES=1"
+        );
+        eprintln!("SKIPPED: nats-server or PostgreSQL is not installed");
+        return;
+    }
+    let pki = Pki::new();
+    let ca = pki.ca();
+    let tls = |(cert, key): (std::path::PathBuf, std::path::PathBuf)| {
+        format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}",
+            cert.display(),
+            key.display()
+        )
+    };
+    let fresh = OwnServer::start_with(1 << 20, &tls(pki.server()))
+        .await
+        .unwrap();
+    let soon = OwnServer::start_with(1 << 20, &tls(pki.server_expiring_in(10)))
+        .await
+        .unwrap();
+    let (cert, key) = pki.server();
+    let pg = OwnPostgres::start(Some(&ServerTls {
+        cert,
+        key,
+        client_ca: ca.clone(),
+    }))
+    .await
+    .unwrap();
+    let link = |transport: String, store: String| {
+        let (out, all) = justonce(&["doctor", "--json"], &transport, &store);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("doctor --json: {e}: {all}"));
+        let pick = |part: &str| {
+            report["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["part"] == part && c["link"] == "link")
+                .unwrap_or_else(|| panic!("no {part} link check: {report}"))
+                .clone()
+        };
+        (pick("transport"), pick("store"))
+    };
+    let verify_full = format!("?sslmode=verify-full&sslrootcert={}", ca.display());
+
+    let (t, s) = link(
+        format!("tls://127.0.0.1:{}?tls_ca={}", fresh.port(), ca.display()),
+        pg.url(&verify_full),
+    );
+    assert_eq!(t["status"], "pass", "{t}");
+    let detail = t["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the chain and the host name verified") && detail.contains("days)"),
+        "{t}"
+    );
+    assert_eq!(s["status"], "pass", "{s}");
+    assert!(s["detail"].as_str().unwrap().contains("TLS 1."), "{s}");
+
+    let (t, s) = link(
+        format!("tls://127.0.0.1:{}?tls_ca={}", soon.port(), ca.display()),
+        pg.url("?sslmode=require"),
+    );
+    assert_eq!(t["status"], "warn", "{t}");
+    assert!(t["fix"].as_str().unwrap().contains("renew"), "{t}");
+    assert_eq!(s["status"], "warn", "{s}");
+    assert!(
+        s["detail"].as_str().unwrap().contains("not verified"),
+        "{s}"
+    );
+
+    let (t, _) = link(
+        format!(
+            "tls://127.0.0.1:{}?tls_ca={}",
+            fresh.port(),
+            pki.other_ca().display()
+        ),
+        pg.url(&verify_full),
+    );
+    assert_eq!(t["status"], "fail", "{t}");
+    assert!(
+        t["detail"].as_str().unwrap().contains("UnknownIssuer"),
+        "{t}"
+    );
+}
