@@ -87,6 +87,12 @@ pub(crate) fn read_url_files(args: &[OsString]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// URL flags that are only ever typed (no file form), warned of like the others.
+const WARNED_TOO: [(&str, &str); 2] = [
+    ("--tls-transport", "JUSTONCE_TLS_TRANSPORT_URL"),
+    ("--tls-store", "JUSTONCE_TLS_STORE_URL"),
+];
+
 /// Warns, on stderr, of each URL flag whose value carries a password or a secret query
 /// parameter: a command line is readable by every user of the machine (`ps`,
 /// `/proc/PID/cmdline`) and kept in the shell's history.
@@ -105,6 +111,16 @@ pub(crate) fn warn_about_command_line(args: &[OsString]) {
                 f.var,
                 f.flag,
                 f.file_var
+            );
+        }
+    }
+    for (flag, var) in WARNED_TOO {
+        if let Some(url) = flag_value(args, flag).filter(|u| justonce::redact_url(u) != *u) {
+            eprintln!(
+                "warning: {flag} {} carries a secret on the command line, where every user \
+                 of this machine can read it and the shell's history keeps it; give it in \
+                 the environment ({var})",
+                justonce::redact_url(&url)
             );
         }
     }

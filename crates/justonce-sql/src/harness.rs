@@ -68,8 +68,8 @@ impl OwnPostgres {
 
     /// Makes a cluster (superuser `postgres`, password [`PASSWORD`], SCRAM over TCP) and
     /// starts it on a free port of 127.0.0.1. With `tls`, `ssl = on` with that certificate,
-    /// and [`CERT_USER`] may log in by a client certificate of `tls.client_ca`; without it,
-    /// the server speaks plaintext only.
+    /// [`CERT_USER`] may log in by a client certificate of `tls.client_ca`, and `postgres`
+    /// in plaintext too; without it, the server speaks plaintext only.
     pub async fn start(tls: Option<&ServerTls>) -> io::Result<Self> {
         let bin = Self::bin_dir()
             .ok_or_else(|| io::Error::other("PostgreSQL's initdb is not installed"))?;
@@ -121,9 +121,12 @@ impl OwnPostgres {
                     "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
                      ssl_ca_file = 'client-ca.crt'\n",
                 );
+                // Plaintext too, with a password, as servers that let clients choose do:
+                // what TLS costs is measured on one server.
                 hba.push_str(&format!(
                     "hostssl all {CERT_USER} 127.0.0.1/32 cert\n\
-                     hostssl all all 127.0.0.1/32 scram-sha-256\n"
+                     hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                     hostnossl all postgres 127.0.0.1/32 scram-sha-256\n"
                 ));
             }
             None => {

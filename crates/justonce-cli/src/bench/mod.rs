@@ -135,6 +135,25 @@ pub(crate) struct BenchArgs {
     /// for at-least-once and effectively-once (`counter,uuid4` prices random ids).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "counter")]
     ids: Vec<Ids>,
+    /// The same transport reached over TLS (`amqps://…`, `postgres://…?sslmode=…`): each
+    /// variant also runs on it at the batched size, paired with its plaintext run
+    /// (`ratios.tls`). Without it, the TLS runs use --transport.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TLS_TRANSPORT_URL",
+        hide_env_values = true
+    )]
+    tls_transport: Option<String>,
+    /// The same store reached over TLS, as --tls-transport; without it, the TLS runs use
+    /// --store.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "JUSTONCE_TLS_STORE_URL",
+        hide_env_values = true
+    )]
+    tls_store: Option<String>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -177,6 +196,8 @@ struct Case {
     /// Consumer processes; 0 consumes in the run's own process.
     workers: usize,
     ids: Ids,
+    /// Over the --tls-transport and --tls-store URLs.
+    tls: bool,
 }
 
 fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
@@ -188,6 +209,7 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
         msg_bytes: args.msg_bytes[0],
         workers: args.workers.first().copied().unwrap_or(0),
         ids: args.ids[0],
+        tls: false,
     };
     let mut out = Vec::new();
     for &batch in &args.batch {
@@ -224,6 +246,14 @@ fn cases(args: &BenchArgs, batched: usize) -> Vec<Case> {
         for &variant in &swept {
             out.push(Case {
                 ids,
+                ..base(variant)
+            });
+        }
+    }
+    if args.tls_transport.is_some() || args.tls_store.is_some() {
+        for &variant in &args.variants {
+            out.push(Case {
+                tls: true,
                 ..base(variant)
             });
         }
@@ -268,6 +298,21 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(s) = &args.store {
         StoreKind::from_url(s)?;
     }
+    for (tls, plain, what) in [
+        (&args.tls_transport, &args.transport, "transport"),
+        (&args.tls_store, &args.store, "store"),
+    ] {
+        if let Some(tls) = tls {
+            let same = match (what, plain) {
+                ("transport", Some(p)) => Bus::kind_of(tls)? == Bus::kind_of(p)?,
+                ("store", Some(p)) => StoreKind::from_url(tls)? == StoreKind::from_url(p)?,
+                _ => false,
+            };
+            if !same {
+                bail!("--tls-{what} must reach the same kind of {what} as --{what}, over TLS");
+            }
+        }
+    }
     let batched = if args.batch.contains(&100) {
         100
     } else {
@@ -285,7 +330,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         for k in 0..cases.len() {
             let case = cases[(k + round) % cases.len()];
             bar.set_message(format!(
-                "{} batch {} x{} {} B, {} ids{}",
+                "{} batch {} x{} {} B, {} ids{}{}",
                 case.variant.as_str(),
                 case.batch,
                 case.concurrency,
@@ -294,7 +339,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 match case.workers {
                     0 => String::new(),
                     w => format!(", {w} workers"),
-                }
+                },
+                if case.tls { ", TLS" } else { "" }
             ));
             n += 1;
             let r = child(&exe, &args, dir.path(), case, n).await?;
@@ -329,13 +375,19 @@ async fn child(
     n: usize,
 ) -> anyhow::Result<RunResult> {
     let name = format!("jo_bench_{}_{n}", std::process::id());
-    let transport = args
-        .transport
-        .clone()
+    let (transport, store) = if case.tls {
+        (
+            args.tls_transport.as_ref().or(args.transport.as_ref()),
+            args.tls_store.as_ref().or(args.store.as_ref()),
+        )
+    } else {
+        (args.transport.as_ref(), args.store.as_ref())
+    };
+    let transport = transport
+        .cloned()
         .unwrap_or_else(|| format!("sqlite:{}", dir.join(format!("queue-{n}.db")).display()));
-    let store = args
-        .store
-        .clone()
+    let store = store
+        .cloned()
         .unwrap_or_else(|| format!("sqlite:{}", dir.join(format!("store-{n}.db")).display()));
     let window = (case.batch * case.concurrency) as u64;
     let messages = drained(args.messages, case.batch);

@@ -23,6 +23,7 @@ pub(crate) fn svg(r: &BenchReport) -> String {
         .iter()
         .filter(|v| {
             (v.concurrency, v.msg_bytes, v.workers, v.ids.as_str()) == (c0, s0, w0, ids0)
+                && !v.tls
                 && v.msgs_per_sec.is_finite()
         })
         .collect();

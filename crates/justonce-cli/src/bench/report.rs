@@ -21,6 +21,9 @@ pub(crate) struct VariantReport {
     pub(crate) workers: usize,
     /// The message ids (`counter`, `uuid7`, `uuid4`).
     pub(crate) ids: String,
+    /// Over the `--tls-transport` and `--tls-store` URLs.
+    #[serde(default)]
+    pub(crate) tls: bool,
     pub(crate) msgs_per_sec: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
@@ -52,6 +55,16 @@ pub(crate) struct IdsCost {
     pub(crate) ratio: f64,
 }
 
+/// A variant's throughput over TLS, against the same run in plaintext.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TlsCost {
+    pub(crate) variant: String,
+    /// Median of the paired ratios of msgs/s (TLS / plaintext).
+    pub(crate) ratio: f64,
+    /// Median of the paired differences of p50 latency (TLS - plaintext), in ms.
+    pub(crate) p50_added_ms: f64,
+}
+
 /// The ratios the targets are about (medians of paired runs); `null` when a run
 /// needed for one was not in the sweep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +78,9 @@ pub(crate) struct Ratios {
     pub(crate) workers_scaling: Vec<Scaling>,
     /// Each variant's throughput with other message ids (`--ids`).
     pub(crate) ids: Vec<IdsCost>,
+    /// Each variant's throughput over TLS (`--tls-transport`, `--tls-store`).
+    #[serde(default)]
+    pub(crate) tls: Vec<TlsCost>,
 }
 
 /// The whole report.
@@ -110,6 +126,7 @@ pub(crate) fn report(
                 msg_bytes: c.msg_bytes,
                 workers: c.workers,
                 ids: c.ids.as_str().into(),
+                tls: c.tls,
                 msgs_per_sec: col(|x| x.msgs_per_sec),
                 p50_ms: col(|x| x.p50_ms),
                 p99_ms: col(|x| x.p99_ms),
@@ -128,6 +145,7 @@ pub(crate) fn report(
         msg_bytes: args.msg_bytes[0],
         workers: w0,
         ids: args.ids[0],
+        tls: false,
     };
     // Paired: the two runs of one round, made minutes apart at most.
     let paired = |a: Case, b: Case, f: fn(&RunResult, &RunResult) -> f64| -> Option<f64> {
@@ -195,6 +213,19 @@ pub(crate) fn report(
                 })
             })
             .collect(),
+        tls: args
+            .variants
+            .iter()
+            .filter_map(|&variant| {
+                let plain = at(variant, batched);
+                let tls = Case { tls: true, ..plain };
+                Some(TlsCost {
+                    variant: variant.as_str().into(),
+                    ratio: paired(tls, plain, speed)?,
+                    p50_added_ms: paired(tls, plain, |x, y| x.p50_ms - y.p50_ms)?,
+                })
+            })
+            .collect(),
     };
     let transport = args
         .transport
@@ -239,7 +270,7 @@ pub(crate) fn table(r: &BenchReport) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<17} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
+        "{:<21} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10} {:>8} {:>8} {:>12} {:>7} {:>9}",
         "variant",
         "batch",
         "conc",
@@ -257,8 +288,12 @@ pub(crate) fn table(r: &BenchReport) -> String {
         let deadlocks: Option<u64> = v.deadlocks.iter().copied().sum();
         let _ = writeln!(
             s,
-            "{:<17} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
-            v.name,
+            "{:<21} {:>5} {:>4} {:>7} {:>6} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>12.2} {:>7.1} {:>9}",
+            if v.tls {
+                format!("{} TLS", v.name)
+            } else {
+                v.name.clone()
+            },
             v.batch,
             v.concurrency,
             if v.workers == 0 {
@@ -288,6 +323,13 @@ pub(crate) fn table(r: &BenchReport) -> String {
             s,
             "{} with {} ids / {} ids: {:.3}",
             c.variant, c.ids, c.base_ids, c.ratio
+        );
+    }
+    for c in &r.ratios.tls {
+        let _ = writeln!(
+            s,
+            "{} over TLS / plaintext: {:.3} (p50 added {:.2} ms)",
+            c.variant, c.ratio, c.p50_added_ms
         );
     }
     let f = |x: Option<f64>| x.map_or("n/a".to_owned(), |x| format!("{x:.3}"));

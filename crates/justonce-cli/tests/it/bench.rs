@@ -171,3 +171,61 @@ fn consumer_processes_on_a_hot_set_of_accounts_never_deadlock() {
         .iter()
         .all(|s| s["workers"] == 2 && s["ratio"].as_f64().is_some()));
 }
+
+/// `--tls-transport` and `--tls-store`: each variant runs again over verified TLS at the
+/// batched size, on the same PostgreSQL server of the test's own (queue and store), paired
+/// with its plaintext run (`ratios.tls`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prices_tls_against_plaintext_on_one_server() {
+    use justonce_sql::harness::{OwnPostgres, ServerTls};
+    if !OwnPostgres::installed() {
+        assert!(
+            std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "PostgreSQL is not installed and JUSTONCE_REQUIRE_SERVICES=1"
+        );
+        eprintln!("SKIPPED: PostgreSQL is not installed");
+        return;
+    }
+    let pki = justonce_test::tls::Pki::new();
+    let (cert, key) = pki.server();
+    let pg = OwnPostgres::start(Some(&ServerTls {
+        cert,
+        key,
+        client_ca: pki.ca(),
+    }))
+    .await
+    .unwrap();
+    let plain = pg.url("?sslmode=disable");
+    let tls = pg.url(&format!(
+        "?sslmode=verify-full&sslrootcert={}",
+        pki.ca().display()
+    ));
+    let r = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--variants",
+            "at-least-once,effectively-once",
+            "--transport",
+            &plain,
+            "--store",
+            &plain,
+            "--tls-transport",
+            &tls,
+            "--tls-store",
+            &tls,
+        ])
+    })
+    .await
+    .unwrap();
+    let variants = r["variants"].as_array().expect("variants");
+    let tls_runs: Vec<_> = variants.iter().filter(|v| v["tls"] == true).collect();
+    assert_eq!((variants.len(), tls_runs.len()), (6, 2), "{r}");
+    assert!(tls_runs.iter().all(|v| v["batch"] == 10), "{r}");
+    let costs = r["ratios"]["tls"].as_array().expect("ratios.tls");
+    assert_eq!(costs.len(), 2, "{r}");
+    for c in costs {
+        let x = c["ratio"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ratio in {c}"));
+        assert!(x > 0.0 && x.is_finite(), "{c}");
+    }
+}
