@@ -29,8 +29,8 @@ use justonce_core::{
 /// Every transport scheme, with its feature: for the error that lists them.
 const TRANSPORTS: &str = "sqlite:PATH (the embedded default, feature `sqlite`), \
     postgres://USER@HOST:PORT/DB (a PostgreSQL queue, feature `postgres`), \
-    amqp[s]://USER:PASS@HOST:PORT/VHOST (RabbitMQ, feature `amqp`), \
-    redis[s]://[:PASS@]HOST:PORT[/DB] (a Redis stream, feature `redis`), \
+    amqp://USER:PASS@HOST:PORT/VHOST or amqps://… (RabbitMQ, feature `amqp`), \
+    redis://[:PASS@]HOST:PORT[/DB] or rediss://… (a Redis stream, feature `redis`), \
     nats://HOST:PORT or tls://HOST:PORT (a NATS JetStream stream, feature `nats`) or \
     kafka://HOST:PORT[,HOST:PORT] (a Kafka topic, feature `kafka`)";
 
