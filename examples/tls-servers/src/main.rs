@@ -55,12 +55,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("JUSTONCE_STORE_URL", pg.url("?sslmode=disable")),
         (
             "JUSTONCE_TLS_STORE_URL",
-            pg.url(&format!("?sslmode=verify-full&sslrootcert={}", ca.display())),
+            pg.url(&format!(
+                "?sslmode=verify-full&sslrootcert={}",
+                ca.display()
+            )),
         ),
         ("JUSTONCE_PG_PLAIN_URL", pg.url("?sslmode=disable")),
         (
             "JUSTONCE_PG_TLS_URL",
-            pg.url(&format!("?sslmode=verify-full&sslrootcert={}", ca.display())),
+            pg.url(&format!(
+                "?sslmode=verify-full&sslrootcert={}",
+                ca.display()
+            )),
         ),
     ];
     let file = pki.dir().join("env");
