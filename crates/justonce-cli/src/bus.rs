@@ -12,7 +12,7 @@ use justonce::{DeadLetter, Message, Result, Source, TransactionalAck};
 
 /// Where the RabbitMQ work queue gets its messages and what is declared: the flags the
 /// demo, the worker, the publisher and the lab share (ignored on the SQL queues).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub(crate) struct Topology {
     /// RabbitMQ: bind the work queue to this existing exchange (declared as TYPE, one of
     /// direct, topic, fanout, headers, if it does not exist); repeatable. Without it the

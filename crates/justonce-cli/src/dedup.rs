@@ -12,13 +12,13 @@ use serde_json::{json, Value};
 
 use crate::dlq::utc;
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct DedupArgs {
     #[command(subcommand)]
     command: DedupCommand,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum DedupCommand {
     /// Records per consumer, the oldest, and what a retention would keep.
     Stats(StatsArgs),
@@ -35,7 +35,7 @@ enum DedupCommand {
 }
 
 /// Where the records are.
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct Store {
     /// The store: sqlite:PATH (the file must exist), postgres://…, mysql://…
     #[arg(
@@ -65,7 +65,7 @@ struct Store {
     json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct StatsArgs {
     #[command(flatten)]
     store: Store,
@@ -74,7 +74,7 @@ struct StatsArgs {
     retention_secs: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct KeyArgs {
     #[command(flatten)]
     store: Store,
@@ -84,7 +84,7 @@ struct KeyArgs {
     id: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ExplainArgs {
     #[command(flatten)]
     key: KeyArgs,
@@ -93,13 +93,13 @@ struct ExplainArgs {
     payload: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ReleaseArgs {
     #[command(flatten)]
     key: KeyArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct PurgeArgs {
     #[command(flatten)]
     store: Store,

@@ -15,13 +15,13 @@ use justonce::backend::{Transport, TransportOptions};
 use justonce::{DeadLetterEntry, Inspect, Replay};
 use serde_json::json;
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct DlqArgs {
     #[command(subcommand)]
     command: DlqCommand,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum DlqCommand {
     /// The dead letters grouped by failure (the reason with ids and numbers taken out).
     List(ListArgs),
@@ -34,7 +34,7 @@ enum DlqCommand {
 }
 
 /// Where the dead letters are.
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct Target {
     /// The transport: sqlite:PATH, postgres://…, amqp://…
     #[arg(
@@ -49,7 +49,7 @@ struct Target {
     queue: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ListArgs {
     #[command(flatten)]
     target: Target,
@@ -58,7 +58,7 @@ struct ListArgs {
     json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ShowArgs {
     #[command(flatten)]
     target: Target,
@@ -76,7 +76,7 @@ struct ShowArgs {
 }
 
 /// Which dead letters: exactly one of the three.
-#[derive(Debug, Args)]
+#[derive(Args)]
 #[group(required = true, multiple = false)]
 struct Choice {
     /// Every dead letter of this failure group (its id, from `list`).
@@ -90,7 +90,7 @@ struct Choice {
     all: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ReplayArgs {
     #[command(flatten)]
     target: Target,
@@ -111,7 +111,7 @@ struct ReplayArgs {
     json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct PurgeArgs {
     #[command(flatten)]
     target: Target,

@@ -12,7 +12,7 @@ use justonce::{Check, CheckStatus, ConsumerOptions, RetryOptions};
 use serde_json::json;
 
 /// Arguments of `justonce doctor`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct DoctorArgs {
     /// Transport URL.
     #[arg(

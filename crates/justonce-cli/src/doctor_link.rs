@@ -60,6 +60,9 @@ struct Target {
 }
 
 fn target(url: &str) -> Option<Target> {
+    if url.trim_start().starts_with("kafka://") {
+        return kafka_target(url);
+    }
     let parsed = url::Url::parse(url).ok()?;
     let q = |key: &str| {
         parsed
@@ -149,13 +152,6 @@ fn target(url: &str) -> Option<Target> {
                 "?ssl-mode=VERIFY_IDENTITY&ssl-ca=CA",
             )
         }
-        "kafka" => (
-            9092,
-            Asked::Plain,
-            Preamble::None,
-            None,
-            "(no TLS for Kafka yet)",
-        ),
         _ => return None,
     };
     Some(Target {
@@ -165,6 +161,30 @@ fn target(url: &str) -> Option<Target> {
         preamble,
         ca: ca.map(Into::into),
         how,
+    })
+}
+
+/// A Kafka URL's first broker, TLS as its settings say (librdkafka verifies the chain and
+/// the host name: `ssl.endpoint.identification.algorithm=https`, which justonce keeps).
+fn kafka_target(url: &str) -> Option<Target> {
+    let o = justonce::kafka::KafkaOptions::from_url(url, "doctor").ok()?;
+    let first = o.brokers.split(',').next()?.trim();
+    let (host, port) = match first.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (first, 9092),
+    };
+    let asked = if o.tls.is_some() {
+        Asked::Verified { chain_only: false }
+    } else {
+        Asked::Plain
+    };
+    Some(Target {
+        host: host.trim_matches(['[', ']']).to_owned(),
+        port,
+        asked,
+        preamble: Preamble::None,
+        ca: o.tls.and_then(|t| t.ca),
+        how: "kafka://HOST:PORT?security.protocol=ssl&ssl.ca.location=CA",
     })
 }
 
@@ -511,6 +531,11 @@ mod tests {
             target("mysql://a@m/t?ssl-mode=VERIFY_CA").unwrap().asked,
             Asked::Verified { chain_only: true }
         );
+        let k = target("kafka://app:pw@b1.example.com:9093,b2:9093?ssl.ca.location=/ca").unwrap();
+        assert_eq!(k.asked, Asked::Verified { chain_only: false });
+        assert_eq!((k.host.as_str(), k.port), ("b1.example.com", 9093));
+        assert_eq!(k.ca, Some("/ca".into()));
+        assert_eq!(target("kafka://k:9092").unwrap().asked, Asked::Plain);
         assert!(target("sqlite:queue.db").is_none());
         assert!(loopback("127.0.0.1") && loopback("::1") && loopback("localhost"));
         assert!(!loopback("db.example.com"));

@@ -19,7 +19,7 @@ mod worker;
 use clap::{Parser, Subcommand};
 
 /// Exactly-once effects on at-least-once brokers: the demo, the lab and the bench.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(name = "justonce", version, about)]
 struct Cli {
     #[command(subcommand)]
@@ -66,7 +66,7 @@ impl Cli {
     }
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// The order/payment pipeline under seeded faults, once per semantic, with a table of
     /// lost and duplicated effects counted from the business data.

@@ -23,7 +23,7 @@ const CHUNK: usize = 50;
 const KEYS: usize = 16;
 
 /// Arguments of `justonce produce`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct ProduceArgs {
     /// Store URL: the business database, where the outbox table is.
     #[arg(

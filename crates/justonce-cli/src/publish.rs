@@ -11,7 +11,7 @@ use crate::bus::Bus;
 use crate::demo::plan::{IdStrategy, Plan};
 
 /// Arguments of `justonce publish`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct PublishArgs {
     /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
     #[arg(
@@ -37,7 +37,7 @@ pub(crate) struct PublishArgs {
 }
 
 /// The plan a publisher or a producer sends, and how long it keeps trying.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct PlanArgs {
     /// Orders to send.
     #[arg(long)]

@@ -23,7 +23,7 @@ use crate::lab::protocol;
 use crate::orders::{Bank, PaymentHandler, Seen, Strategy, Tables};
 
 /// Arguments of `justonce worker`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct WorkerArgs {
     /// Transport URL (sqlite:PATH, amqp://… or postgres://…).
     #[arg(

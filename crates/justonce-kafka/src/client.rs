@@ -21,10 +21,18 @@ const FRAMING: usize = 64 << 10;
 
 /// The configuration every client starts from: the brokers, then the user's settings.
 pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
+    security_compiled_in(opts, cfg!(feature = "tls"))?;
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &opts.brokers)
         .set("socket.timeout.ms", millis(opts.request_timeout))
-        .set("log_level", "2");
+        .set("log_level", "2")
+        .set("security.protocol", opts.security_protocol());
+    for (k, v) in opts.tls.iter().flat_map(|t| t.settings()) {
+        c.set(k, v);
+    }
+    for (k, v) in opts.sasl.iter().flat_map(|s| s.settings()) {
+        c.set(k, v);
+    }
     // librdkafka writes its log lines to stderr itself (rdkafka 0.36 forwards none), so
     // every broker disconnect printed `%3|…|FAIL|…` lines between a program's own. What
     // they say reaches justonce as errors (a publish's, a poll's, a connect's), so only
@@ -37,6 +45,16 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
                 "the librdkafka setting `{k}` is justonce's own (its guarantees rest on it); \
                  use KafkaOptions instead"
             )));
+        }
+        if SECURITY.contains(&k.as_str()) {
+            return Err(Error::config(format!(
+                "the librdkafka setting `{k}` is set by KafkaOptions::tls and \
+                 KafkaOptions::sasl (or the URL's settings of the same name), so that a link \
+                 asked to be TLS never runs without it"
+            )));
+        }
+        if let Some(refusal) = crate::url::unverified(k, v) {
+            return Err(Error::config(refusal));
         }
         if k == "log_level" {
             level = match v.trim().parse::<u8>() {
@@ -67,6 +85,66 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
     Ok(c)
 }
 
+/// librdkafka settings that only [`KafkaOptions::tls`] and [`KafkaOptions::sasl`] set.
+const SECURITY: &[&str] = &[
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+];
+
+/// Refuses, before librdkafka is asked, what this build cannot do: TLS and SCRAM need
+/// librdkafka built with OpenSSL (the feature `tls`).
+fn security_compiled_in(opts: &KafkaOptions, tls_built: bool) -> Result<()> {
+    use crate::options::SaslMechanism;
+    let scram = opts
+        .sasl
+        .as_ref()
+        .is_some_and(|s| s.mechanism != SaslMechanism::Plain);
+    if tls_built || (opts.tls.is_none() && !scram) {
+        return Ok(());
+    }
+    let what = if opts.tls.is_some() {
+        format!("TLS (security.protocol={})", opts.security_protocol())
+    } else {
+        "SASL SCRAM".to_owned()
+    };
+    Err(Error::config(format!(
+        "the Kafka link asks for {what}, and this build of justonce has no Kafka TLS: build \
+         with the feature `kafka-tls` of justonce (`tls` of justonce-kafka; librdkafka with \
+         the system's OpenSSL, libssl-dev to build). Nothing was sent in plaintext"
+    )))
+}
+
+/// A client's context that keeps the last error librdkafka reported of its own (a TLS
+/// handshake refused, a SASL authentication failed, every broker down), for the error of
+/// a connect that found no broker.
+#[derive(Default, Clone)]
+pub(crate) struct Seen {
+    last: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Seen {
+    /// The last error librdkafka reported, if any.
+    pub(crate) fn last(&self) -> Option<String> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+}
+
+impl rdkafka::ClientContext for Seen {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        debug!(%error, reason, "librdkafka");
+        if let Ok(mut l) = self.last.lock() {
+            *l = Some(reason.to_owned());
+        }
+    }
+}
+
 /// The environment variable naming librdkafka debug contexts (`fetch,topic,metadata`) for
 /// every client justonce makes.
 pub(crate) const DEBUG_ENV: &str = "JUSTONCE_KAFKA_DEBUG";
@@ -93,7 +171,9 @@ pub(crate) fn producer_config(opts: &KafkaOptions) -> Result<ClientConfig> {
 #[derive(Clone)]
 pub(crate) struct Client {
     pub(crate) opts: Arc<KafkaOptions>,
-    pub(crate) producer: FutureProducer,
+    pub(crate) producer: FutureProducer<Seen>,
+    /// What the producer's librdkafka last reported of its own.
+    pub(crate) seen: Seen,
     pub(crate) admin: Arc<AdminClient<DefaultClientContext>>,
     /// A consumer of the group that never joins it, made at its first use: reads the
     /// group's committed offsets for the tools.
@@ -105,8 +185,9 @@ impl Client {
     /// when missing, with [`KafkaOptions::create`]).
     pub(crate) async fn connect(opts: KafkaOptions) -> Result<Client> {
         check(&opts)?;
-        let producer: FutureProducer = producer_config(&opts)?
-            .create()
+        let seen = Seen::default();
+        let producer: FutureProducer<Seen> = producer_config(&opts)?
+            .create_with_context(seen.clone())
             .map_err(|e| kafka("creating the Kafka producer", e))?;
         let admin: AdminClient<DefaultClientContext> = base(&opts)?
             .create()
@@ -114,6 +195,7 @@ impl Client {
         let client = Client {
             opts: Arc::new(opts),
             producer,
+            seen,
             admin: Arc::new(admin),
             group_reader: Arc::new(std::sync::OnceLock::new()),
         };
@@ -127,6 +209,7 @@ impl Client {
         let timeout = self.opts.request_timeout.min(Duration::from_secs(10));
         let t = topic.to_owned();
         let brokers = self.opts.brokers.clone();
+        let seen = self.seen.clone();
         let md = blocking("reading Kafka metadata", move || {
             producer.client().fetch_metadata(Some(&t), timeout)
         })
@@ -134,7 +217,16 @@ impl Client {
         .map_err(|e| {
             Error::with_source(
                 ErrorKind::Connect,
-                format!("cannot reach Kafka at {brokers} (no metadata within {timeout:?})"),
+                match seen.last() {
+                    Some(why) => format!(
+                        "cannot reach Kafka at {brokers} (no metadata within {timeout:?}): \
+                         {why}{}",
+                        hint(&why)
+                    ),
+                    None => {
+                        format!("cannot reach Kafka at {brokers} (no metadata within {timeout:?})")
+                    }
+                },
                 e,
             )
         })?;
@@ -218,6 +310,23 @@ impl Client {
     }
 }
 
+/// What to change, for the failures librdkafka reports in its own words.
+fn hint(why: &str) -> &'static str {
+    let w = why.to_ascii_lowercase();
+    if w.contains("certificate verify failed") || w.contains("could not be verified") {
+        " (the brokers' certificate is not signed by the authority given: ssl.ca.location, \
+         KafkaTls::ca; or the system's roots)"
+    } else if w.contains("ssl handshake failed") || w.contains("wrong version number") {
+        " (is the port the brokers' TLS listener, and does it take this client's certificate?)"
+    } else if w.contains("authentication") || w.contains("sasl") {
+        " (check the user name, the password and the SASL mechanism)"
+    } else if w.contains("disconnected") || w.contains("connection refused") {
+        " (is the broker up, and does the port speak what security.protocol says?)"
+    } else {
+        ""
+    }
+}
+
 /// Options that cannot work, refused before anything connects.
 fn check(o: &KafkaOptions) -> Result<()> {
     for t in [&o.topic, &o.dead_topic] {
@@ -247,6 +356,12 @@ fn check(o: &KafkaOptions) -> Result<()> {
     if o.brokers.is_empty() {
         return Err(Error::config("no Kafka brokers given"));
     }
+    if o.brokers.contains(['@', '?', '/']) {
+        return Err(Error::config(
+            "KafkaOptions::new takes HOST:PORT,…: a URL with credentials or settings is read \
+             by KafkaOptions::from_url",
+        ));
+    }
     Ok(())
 }
 
@@ -262,5 +377,38 @@ mod tests {
         let o = KafkaOptions::new("127.0.0.1:9092", "orders").client("acks", "1");
         let e = base(&o).expect_err("acks is guarded");
         assert!(e.to_string().contains("acks"), "{e}");
+        let o = KafkaOptions::new("127.0.0.1:9092", "orders").client("security.protocol", "ssl");
+        assert!(
+            base(&o).is_err(),
+            "security.protocol is KafkaOptions::tls's"
+        );
+        let o = KafkaOptions::new("127.0.0.1:9092", "orders")
+            .client("enable.ssl.certificate.verification", "false");
+        assert!(base(&o).is_err(), "verification stays on");
+        let o = KafkaOptions::new("kafka://u:p@127.0.0.1:9092", "orders");
+        assert!(
+            check(&o).is_err(),
+            "a URL with credentials goes to from_url"
+        );
+    }
+
+    #[test]
+    fn a_build_without_tls_refuses_what_needs_it_and_says_which_feature() {
+        use crate::{KafkaSasl, KafkaTls, SaslMechanism};
+        let plain = KafkaOptions::new("h:1", "t");
+        assert!(security_compiled_in(&plain, false).is_ok());
+        let sasl_plain = plain
+            .clone()
+            .sasl(KafkaSasl::new(SaslMechanism::Plain, "u", "hunter2"));
+        assert!(security_compiled_in(&sasl_plain, false).is_ok());
+        for o in [
+            plain.clone().tls(KafkaTls::new()),
+            plain.sasl(KafkaSasl::new(SaslMechanism::ScramSha256, "u", "hunter2")),
+        ] {
+            let e = security_compiled_in(&o, false).expect_err("no OpenSSL in this build");
+            let e = e.to_string();
+            assert!(e.contains("kafka-tls") && !e.contains("hunter2"), "{e}");
+            assert!(security_compiled_in(&o, true).is_ok());
+        }
     }
 }

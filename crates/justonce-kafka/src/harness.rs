@@ -2,10 +2,16 @@
 //! port of 127.0.0.1 and a data directory of its own (SQLite storage), killed when
 //! dropped, restartable as after a crash, its storage repaired where tansu 0.6.0 needs it
 //! ([`STORAGE_REPAIRS`]). The shared broker a machine runs is never touched.
+//!
+//! tansu 0.6.0 serves no TLS (it refuses `--cert` with `--key`, and its broker makes a TLS
+//! acceptor it never uses): [`TlsFront`] is a TLS terminator of the test's
+//! own in front of it, the broker advertising the front's address. Its SASL is its own:
+//! `--authentication` with users made by `tansu user create` ([`OwnBroker::start_with`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
@@ -20,7 +26,18 @@ pub struct OwnBroker {
     /// What it tells clients to connect to: `127.0.0.1:port` unless started behind a
     /// proxy ([`OwnBroker::start_behind`]).
     advertised: String,
+    /// Clients must authenticate (SASL).
+    authentication: bool,
     dir: tempfile::TempDir,
+}
+
+/// A SCRAM user of a broker started with [`OwnBroker::start_with`].
+#[derive(Debug, Clone, Copy)]
+pub enum Scram {
+    /// SCRAM-SHA-256.
+    Sha256,
+    /// SCRAM-SHA-512.
+    Sha512,
 }
 
 impl OwnBroker {
@@ -49,9 +66,46 @@ impl OwnBroker {
             child: None,
             port,
             advertised: advertised.into(),
+            authentication: false,
             dir,
         };
         broker.spawn().await?;
+        Ok(broker)
+    }
+
+    /// [`OwnBroker::start_behind`], then, with `users` made (`tansu user create`),
+    /// restarted with SASL required (`--authentication`). tansu 0.6.0 checks a SCRAM
+    /// user's password and takes any PLAIN password: a wrong password is refused only by
+    /// SCRAM.
+    pub async fn start_with(
+        port: u16,
+        advertised: impl Into<String>,
+        users: &[(&str, &str, Scram)],
+    ) -> io::Result<Self> {
+        let mut broker = Self::start_behind(port, advertised).await?;
+        let bin = tansu_binary().ok_or_else(|| io::Error::other("tansu is not installed"))?;
+        for (name, password, mechanism) in users {
+            let out = Command::new(&bin)
+                .args(["user", "create", "--broker"])
+                .arg(format!("tcp://127.0.0.1:{port}"))
+                .arg("--mechanism")
+                .arg(match mechanism {
+                    Scram::Sha256 => "scram256",
+                    Scram::Sha512 => "scram512",
+                })
+                .args([name, password])
+                .stdin(Stdio::null())
+                .output()
+                .await?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "tansu user create {name} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).replace(password, "***")
+                )));
+            }
+        }
+        broker.authentication = true;
+        broker.restart().await?;
         Ok(broker)
     }
 
@@ -112,6 +166,7 @@ impl OwnBroker {
             .arg(&advertised)
             .arg("--storage-engine")
             .arg("sqlite://tansu.db")
+            .args(self.authentication.then_some("--authentication"))
             .current_dir(self.dir.path())
             .env(
                 "RUST_LOG",
@@ -230,4 +285,91 @@ async fn answers(port: u16) -> bool {
     )
     .await
     .is_ok_and(|r| r.is_ok())
+}
+
+/// A TLS terminator of the test's own: takes TLS on a port of 127.0.0.1 with a server
+/// certificate, optionally requires a client certificate signed by a given authority, and
+/// carries each connection's bytes to a plaintext port (a tansu broker that advertises
+/// the front's address: [`OwnBroker::start_behind`]). Stops when dropped.
+pub struct TlsFront {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Listens on `port` of 127.0.0.1 with the PEM certificate chain `cert` and key `key`,
+    /// and carries every connection to `127.0.0.1:upstream`. With `client_ca`, a client
+    /// must present a certificate it signed.
+    pub async fn start(
+        port: u16,
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+        upstream: u16,
+    ) -> io::Result<Self> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("{what}: {e}"));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| bad("the front's certificate", &e))?;
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad("the front's key", &e))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("TLS versions", &e))?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad("the client CA", &e))? {
+                    roots
+                        .add(c.map_err(|e| bad("the client CA", &e))?)
+                        .map_err(|e| bad("the client CA", &e))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| bad("the client verifier", &e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| bad("the front's certificate", &e))?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+        let port = listener.local_addr()?.port();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                conns.spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        Ok(TlsFront { port, task })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

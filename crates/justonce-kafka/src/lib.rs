@@ -34,8 +34,9 @@ mod poll;
 mod publish;
 mod source;
 mod state;
+mod url;
 
-pub use options::{KafkaOptions, Start, DEFAULT_PARTITIONS};
+pub use options::{KafkaOptions, KafkaSasl, KafkaTls, SaslMechanism, Start, DEFAULT_PARTITIONS};
 pub use publish::KafkaPublisher;
 pub use source::{KafkaSource, OffsetsAck};
 

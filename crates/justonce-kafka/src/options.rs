@@ -2,10 +2,11 @@
 //! [`KafkaPublisher`](crate::KafkaPublisher).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use justonce_core::Positions;
+use justonce_core::{Error, Positions, Result};
 
 /// Where a source's first read of a partition starts when no position is stored for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +71,16 @@ pub struct KafkaOptions {
     /// How long a request to the brokers may take, a publish's delivery report included
     /// (default 30 s).
     pub request_timeout: Duration,
-    /// librdkafka settings passed as they are (`security.protocol`, `client.id`, …),
-    /// after justonce's own; the settings justonce's guarantees rest on are refused.
+    /// TLS to the brokers (`None`, the default: plaintext). Needs the feature `tls`
+    /// (librdkafka built with OpenSSL); without it a connect that asks for TLS fails.
+    pub tls: Option<KafkaTls>,
+    /// SASL authentication (`None`, the default: none).
+    pub sasl: Option<KafkaSasl>,
+    /// librdkafka settings passed as they are (`client.id`, `ssl.cipher.suites`, …),
+    /// after justonce's own; the settings justonce's guarantees rest on are refused, and
+    /// so are the ones [`KafkaOptions::tls`] and [`KafkaOptions::sasl`] set
+    /// (`security.protocol`, `sasl.*` credentials, `ssl.*.location`) and any that turns
+    /// certificate verification off.
     /// librdkafka prints its own log lines on stderr; justonce lets through only critical
     /// ones (what the others say comes back as errors) unless `log_level` (0 to 7) is set
     /// here, with `debug` for its debug contexts.
@@ -92,14 +101,16 @@ impl fmt::Debug for KafkaOptions {
             .field("session_timeout", &self.session_timeout)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("create", &self.create)
+            .field("tls", &self.tls)
+            .field("sasl", &self.sasl)
             .finish_non_exhaustive()
     }
 }
 
-/// librdkafka settings a user may not override: what justonce's guarantees rest on.
 /// Partitions of a topic justonce makes, unless [`KafkaOptions::partitions`] says otherwise.
 pub const DEFAULT_PARTITIONS: i32 = 4;
 
+/// librdkafka settings a user may not override: what justonce's guarantees rest on.
 pub(crate) const GUARDED: &[&str] = &[
     "enable.idempotence",
     "acks",
@@ -130,8 +141,79 @@ impl KafkaOptions {
             key_by_id: false,
             create: true,
             request_timeout: Duration::from_secs(30),
+            tls: None,
+            sasl: None,
             client: Vec::new(),
         }
+    }
+
+    /// Options for `topic` from a URL:
+    /// `kafka://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?SETTINGS]`, the settings named as
+    /// librdkafka names them:
+    ///
+    /// - `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. When it
+    ///   is not given, a user name in the URL means `sasl_ssl` (a password is never sent in
+    ///   plaintext unless `sasl_plaintext` says so), an `ssl.*` setting means `ssl`, and
+    ///   nothing means `plaintext`;
+    /// - `sasl.mechanism`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (the default);
+    /// - `ssl.ca.location` (the authority that signed the brokers' certificates; default:
+    ///   the system's roots), `ssl.certificate.location` and `ssl.key.location` (a client
+    ///   certificate), `ssl.key.password`;
+    /// - any other librdkafka setting, passed as [`KafkaOptions::client`] is.
+    ///
+    /// The user name and password are percent-decoded. A URL that contradicts itself
+    /// (`security.protocol=plaintext` with a CA file, a password with `ssl`) is refused,
+    /// as is one that turns certificate verification off.
+    ///
+    /// ```
+    /// use justonce_kafka::{KafkaOptions, SaslMechanism};
+    /// let o = KafkaOptions::from_url(
+    ///     "kafka://app:s3cret@broker-1:9093,broker-2:9093?sasl.mechanism=SCRAM-SHA-256&ssl.ca.location=/etc/kafka/ca.pem",
+    ///     "orders",
+    /// )?;
+    /// assert_eq!(o.brokers, "broker-1:9093,broker-2:9093");
+    /// assert_eq!(o.security_protocol(), "sasl_ssl");
+    /// assert_eq!(o.sasl.as_ref().map(|s| s.mechanism), Some(SaslMechanism::ScramSha256));
+    /// assert!(!format!("{o:?}").contains("s3cret"));
+    /// # Ok::<(), justonce_core::Error>(())
+    /// ```
+    pub fn from_url(url: &str, topic: impl Into<String>) -> Result<Self> {
+        let parsed = crate::url::parse(url)?;
+        let mut o = KafkaOptions::new(parsed.brokers, topic);
+        o.tls = parsed.tls;
+        o.sasl = parsed.sasl;
+        o.client = parsed.client;
+        Ok(o)
+    }
+
+    /// librdkafka's `security.protocol` these options connect with.
+    pub fn security_protocol(&self) -> &'static str {
+        match (&self.tls, &self.sasl) {
+            (None, None) => "plaintext",
+            (Some(_), None) => "ssl",
+            (None, Some(_)) => "sasl_plaintext",
+            (Some(_), Some(_)) => "sasl_ssl",
+        }
+    }
+
+    /// Sets [`KafkaOptions::tls`].
+    pub fn tls(mut self, tls: KafkaTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sets [`KafkaOptions::sasl`].
+    pub fn sasl(mut self, sasl: KafkaSasl) -> Self {
+        self.sasl = Some(sasl);
+        self
+    }
+
+    /// The librdkafka configuration every client of these options starts from: the
+    /// brokers, TLS and SASL, then [`KafkaOptions::client`]. For a client of one's own
+    /// beside justonce's (a benchmark's bare consumer, say). Its `Debug` prints the
+    /// password: never log it.
+    pub fn client_config(&self) -> Result<rdkafka::ClientConfig> {
+        crate::client::base(self)
     }
 
     /// Sets [`KafkaOptions::group`], and the dead-letter topic's name with it unless it
@@ -216,5 +298,158 @@ impl KafkaOptions {
     pub fn client(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.client.push((key.into(), value.into()));
         self
+    }
+}
+
+/// TLS to the brokers ([`KafkaOptions::tls`]): the brokers' certificates verified, chain
+/// and host name, against the system's roots or the authority named here. librdkafka does
+/// the TLS, with OpenSSL (the feature `tls`). Turning verification off is not offered.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct KafkaTls {
+    /// The authority (PEM) that signed the brokers' certificates (`ssl.ca.location`);
+    /// `None`: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM, `ssl.certificate.location`), for brokers that ask for one.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key (PEM, `ssl.key.location`).
+    pub key: Option<PathBuf>,
+    key_password: Option<String>,
+}
+
+impl KafkaTls {
+    /// TLS verified against the system's roots.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Verifies the brokers against the authority in the PEM file `ca`.
+    pub fn ca(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.ca = Some(ca.into());
+        self
+    }
+
+    /// Presents the client certificate `cert` with its key `key` (PEM files).
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.cert = Some(cert.into());
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The password of an encrypted key (`ssl.key.password`). Never printed.
+    pub fn key_password(mut self, password: impl Into<String>) -> Self {
+        self.key_password = Some(password.into());
+        self
+    }
+
+    pub(crate) fn settings(&self) -> Vec<(&'static str, String)> {
+        let mut s = vec![
+            ("enable.ssl.certificate.verification", "true".to_owned()),
+            ("ssl.endpoint.identification.algorithm", "https".to_owned()),
+        ];
+        let path = |p: &PathBuf| p.display().to_string();
+        if let Some(ca) = &self.ca {
+            s.push(("ssl.ca.location", path(ca)));
+        }
+        if let Some(cert) = &self.cert {
+            s.push(("ssl.certificate.location", path(cert)));
+        }
+        if let Some(key) = &self.key {
+            s.push(("ssl.key.location", path(key)));
+        }
+        if let Some(pw) = &self.key_password {
+            s.push(("ssl.key.password", pw.clone()));
+        }
+        s
+    }
+}
+
+impl fmt::Debug for KafkaTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaTls")
+            .field("ca", &self.ca)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("key_password", &self.key_password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// A SASL mechanism librdkafka speaks without Kerberos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SaslMechanism {
+    /// `PLAIN`: the password itself crosses the link; use it over TLS only.
+    Plain,
+    /// `SCRAM-SHA-256`: a challenge and response, the password never sent.
+    ScramSha256,
+    /// `SCRAM-SHA-512` (the default of a URL).
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    /// The mechanism's name, as librdkafka and the brokers spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    /// The mechanism named `name` (any case).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_uppercase().as_str() {
+            "PLAIN" => Ok(SaslMechanism::Plain),
+            "SCRAM-SHA-256" => Ok(SaslMechanism::ScramSha256),
+            "SCRAM-SHA-512" => Ok(SaslMechanism::ScramSha512),
+            _ => Err(Error::config(format!(
+                "`{name}` is not a SASL mechanism justonce speaks to Kafka: PLAIN, \
+                 SCRAM-SHA-256 or SCRAM-SHA-512"
+            ))),
+        }
+    }
+}
+
+/// SASL authentication ([`KafkaOptions::sasl`]). Its `Debug` never prints the password.
+#[derive(Clone)]
+pub struct KafkaSasl {
+    /// The mechanism.
+    pub mechanism: SaslMechanism,
+    /// The user name.
+    pub username: String,
+    password: String,
+}
+
+impl KafkaSasl {
+    /// `username` with `password`, by `mechanism`.
+    pub fn new(
+        mechanism: SaslMechanism,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        KafkaSasl {
+            mechanism,
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    pub(crate) fn settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("sasl.mechanisms", self.mechanism.as_str().to_owned()),
+            ("sasl.username", self.username.clone()),
+            ("sasl.password", self.password.clone()),
+        ]
+    }
+}
+
+impl fmt::Debug for KafkaSasl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSasl")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
     }
 }

@@ -717,7 +717,7 @@ mod kafka {
         // A member that is gone holds its partitions for the session timeout: Kafka's
         // lease, no shorter than the 6 s brokers accept by default
         // (`group.min.session.timeout.ms`).
-        let mut o = KafkaOptions::new(url, queue)
+        let mut o = KafkaOptions::from_url(url, queue)?
             .create(opts.create)
             .session_timeout(opts.lease.max(Duration::from_secs(6)))
             .key_by_id(opts.kafka_key_by_id);

@@ -90,7 +90,7 @@ pub async fn check_transport(
         }
         #[cfg(feature = "kafka")]
         TransportKind::Kafka => {
-            let o = justonce_kafka::KafkaOptions::new(url, queue).create(false);
+            let o = justonce_kafka::KafkaOptions::from_url(url, queue)?.create(false);
             match justonce_kafka::KafkaPublisher::connect(o).await {
                 Ok(p) => p.check().await,
                 Err(e) => missing(e),

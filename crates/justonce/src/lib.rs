@@ -63,6 +63,8 @@
 //! - `nats`: the NATS JetStream transport, as `justonce::nats`.
 //! - `kafka`: the Kafka transport (rdkafka; librdkafka is built from source, which needs a
 //!   C compiler), as `justonce::kafka`.
+//! - `kafka-tls`: Kafka over TLS and SASL SCRAM (librdkafka with the system's OpenSSL;
+//!   `libssl-dev` and `pkg-config` to build).
 //! - `postgres`: the PostgreSQL queue, dedup and claim stores, in `justonce::sql`.
 //! - `mysql`: the MariaDB / MySQL dedup and claim stores, in `justonce::sql`.
 //! - `fault-injection`: `FaultHook` and `Consumer::with_fault_hook`, to crash a consumer at

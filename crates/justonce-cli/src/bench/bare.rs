@@ -299,15 +299,15 @@ pub(crate) async fn bare_kafka<B: Bank>(
     use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
     use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-    let opts = justonce::kafka::KafkaOptions::new(args.transport.as_str(), args.name.as_str());
+    let opts =
+        justonce::kafka::KafkaOptions::from_url(args.transport.as_str(), args.name.as_str())?;
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
-        let consumer: StreamConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &opts.brokers)
+        let consumer: StreamConsumer = opts
+            .client_config()?
             .set("group.id", format!("{}-bare", opts.group))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
-            .set("log_level", "3")
             .create()
             .context("creating the Kafka consumer")?;
         consumer

@@ -81,7 +81,7 @@ impl Ids {
 }
 
 /// Arguments of `justonce bench`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct BenchArgs {
     /// Transport URL (default: an embedded SQLite queue, a fresh file per run).
     #[arg(

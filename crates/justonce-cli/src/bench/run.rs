@@ -36,7 +36,7 @@ use crate::orders::{Bank, Payment, PaymentHandler, Strategy, Tables, ACCOUNTS};
 use justonce::backend::{StoreKind, TransportKind};
 
 /// Arguments of `justonce bench-run`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub(crate) struct BenchRunArgs {
     /// Transport URL.
     #[arg(

@@ -23,7 +23,7 @@ use plan::{Plan, PlanFaults};
 use report::{Report, Row, EXACTLY_ONCE};
 
 /// Arguments of `justonce demo`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct DemoArgs {
     /// Transport URL (default: an embedded SQLite queue in a fresh temporary directory).
     #[arg(

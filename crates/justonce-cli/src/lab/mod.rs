@@ -160,7 +160,7 @@ impl FaultClass {
 }
 
 /// Arguments of `justonce lab`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct LabArgs {
     /// Transport URL (default: an embedded SQLite queue in a fresh temporary directory).
     #[arg(

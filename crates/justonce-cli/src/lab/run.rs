@@ -49,8 +49,8 @@ const PARTITIONS: usize = 3;
 /// How long nothing may move before the pipeline counts as drained.
 const QUIET: Duration = Duration::from_secs(5);
 
-/// One scenario of the lab.
-#[derive(Debug, Clone)]
+/// One scenario of the lab. No `Debug`: it holds the URLs, passwords and all.
+#[derive(Clone)]
 pub(crate) struct Scenario {
     name: String,
     transport: Option<String>,
@@ -686,10 +686,11 @@ impl Scenario {
         if self.keep {
             let _ = tmp.keep();
             return Ok(LabReport {
+                // Printed (`--json` too): the passwords stay out.
                 kept: Some(Kept {
-                    transport,
+                    transport: justonce::redact_url(&transport),
                     queue,
-                    store: store_url,
+                    store: justonce::redact_url(&store_url),
                     dedup_table: tables.dedup.clone(),
                 }),
                 ..report

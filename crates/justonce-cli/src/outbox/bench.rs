@@ -32,7 +32,7 @@ use crate::bus::Bus;
 use crate::orders::{Bank, Tables};
 
 /// Arguments of `justonce outbox bench`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct BenchArgs {
     /// Store URL of the outbox (default: embedded SQLite in a temporary directory).
     #[arg(

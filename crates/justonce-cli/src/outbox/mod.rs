@@ -16,13 +16,13 @@ use serde_json::json;
 use crate::lab::protocol::{LabPoint, Pauser};
 
 /// Arguments of `justonce outbox`.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub(crate) struct OutboxArgs {
     #[command(subcommand)]
     command: OutboxCommand,
 }
 
-#[derive(Debug, clap::Subcommand)]
+#[derive(clap::Subcommand)]
 enum OutboxCommand {
     /// Pending rows, the oldest one's age, dead rows with their reasons, and the relays
     /// holding leases.
@@ -57,7 +57,7 @@ enum OutboxCommand {
     Bench(bench::BenchArgs),
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 struct At {
     /// Store URL (the outbox's database: sqlite:PATH, postgres://… or mysql://…).
     #[arg(
@@ -72,7 +72,7 @@ struct At {
     table: String,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 #[group(required = true, multiple = false)]
 struct Which {
     /// The dead rows' seqs (as `status` lists them).
@@ -89,7 +89,7 @@ impl Which {
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 struct RelayArgs {
     #[command(flatten)]
     at: At,

@@ -321,3 +321,99 @@ async fn doctor_says_what_each_link_verified_and_when_its_certificate_expires() 
         "{t}"
     );
 }
+
+/// The demo on Kafka over TLS with a client certificate, the URL from the environment:
+/// every order applied once; `doctor` says what the link verified; the same URL aimed at
+/// the broker's plaintext port is refused. tansu 0.6.0 serves no TLS: a TLS terminator of
+/// the test's own is in front of it (`justonce_kafka::harness::TlsFront`), and requires
+/// the client's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_over_tls_runs_the_demo_and_passes_the_doctor() {
+    use justonce_kafka::harness::{free_port, OwnBroker, TlsFront};
+    if !OwnBroker::installed() {
+        assert!(
+            std::env::var("JUSTONCE_REQUIRE_SERVICES").as_deref() != Ok("1"),
+            "tansu is not installed and JUSTONCE_REQUIRE_SERVICES=1"
+        );
+        eprintln!("SKIPPED: tansu is not installed");
+        return;
+    }
+    let pki = Pki::new();
+    let (cert, key) = pki.server();
+    let (broker_port, front_port) = (free_port().unwrap(), free_port().unwrap());
+    let _broker = OwnBroker::start_behind(broker_port, format!("127.0.0.1:{front_port}"))
+        .await
+        .expect("tansu starts");
+    let ca = pki.ca();
+    let _front = TlsFront::start(front_port, &cert, &key, Some(&ca), broker_port)
+        .await
+        .expect("the TLS front starts");
+    let (client_cert, client_key) = pki.client("app");
+    let key_line = std::fs::read_to_string(&client_key)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("store.db").display());
+    let url = |port: u16| {
+        format!(
+            "kafka://127.0.0.1:{port}?ssl.ca.location={}&ssl.certificate.location={}&ssl.key.location={}",
+            ca.display(),
+            client_cert.display(),
+            client_key.display()
+        )
+    };
+    let run = |args: &[&str], port: u16| {
+        let (out, all) = justonce(args, &url(port), &store);
+        assert!(
+            !all.contains(&key_line),
+            "the client key was printed: {all}"
+        );
+        (out, all)
+    };
+
+    let (out, all) = run(
+        &["demo", "--messages", "300", "--seed", "5", "--json"],
+        front_port,
+    );
+    assert!(out.status.success(), "{all}");
+    let report = last_json(&out);
+    assert_eq!(report["transport"], "kafka", "{report}");
+    let eo = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["semantics"] == "effectively-once")
+        .unwrap();
+    assert_eq!(eo["lost"], 0, "{report}");
+    assert_eq!(eo["duplicate_effects"], 0, "{report}");
+
+    let (out, all) = run(&["doctor", "--json"], front_port);
+    let doctor: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("doctor --json: {e}: {all}"));
+    let link = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["part"] == "transport" && c["link"] == "link")
+        .unwrap_or_else(|| panic!("no transport link check: {doctor}"))
+        .clone();
+    assert_eq!(link["status"], "pass", "{link}");
+    assert!(
+        link["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the chain and the host name verified"),
+        "{link}"
+    );
+
+    // The same URL at the broker's own (plaintext) port: refused, nothing sent in clear.
+    let (out, all) = run(&["demo", "--messages", "10", "--json"], broker_port);
+    assert!(
+        !out.status.success(),
+        "TLS asked of a plaintext port ran: {all}"
+    );
+    assert!(all.contains("cannot reach Kafka"), "{all}");
+}

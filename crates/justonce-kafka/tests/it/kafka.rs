@@ -13,6 +13,8 @@ use justonce_kafka::harness::OwnBroker;
 use justonce_kafka::{KafkaOptions, KafkaPublisher, KafkaSource};
 use justonce_test::unique_name;
 
+mod tls;
+
 /// One test at a time on the shared broker. tansu 0.6.0 deletes every topic when asked to
 /// delete one, and the next fetch of another test's topic kills its storage; a broker
 /// that `scripts/services.sh` (or the harness) starts has that repaired
