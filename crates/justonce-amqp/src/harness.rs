@@ -44,6 +44,8 @@ pub struct NodeTls {
 pub struct Cluster {
     nodes: Vec<Node>,
     home: PathBuf,
+    /// The root its RabbitMQ is installed in (`chroot`), when not the machine's.
+    root: Option<PathBuf>,
     /// Removed when the cluster is dropped.
     _dir: tempfile::TempDir,
 }
@@ -63,6 +65,33 @@ fn script(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// Where Debian installs RabbitMQ's scripts, inside a root.
+const DEBIAN_SCRIPTS: &str = "/usr/lib/rabbitmq/bin";
+
+/// `name`, run inside `root` (`chroot`) when given, else the machine's.
+fn command(root: Option<&Path>, name: &str) -> io::Result<Command> {
+    match root {
+        Some(root) => {
+            let inside = Path::new(DEBIAN_SCRIPTS).join(name);
+            if !root
+                .join(inside.strip_prefix("/").unwrap_or(&inside))
+                .is_file()
+            {
+                return Err(io::Error::other(format!(
+                    "{name} is not installed in {}",
+                    root.display()
+                )));
+            }
+            let mut c = Command::new("chroot");
+            c.arg(root).arg(inside);
+            Ok(c)
+        }
+        None => script(name)
+            .map(Command::new)
+            .ok_or_else(|| io::Error::other(format!("{name} is not installed"))),
+    }
+}
+
 fn free_port() -> io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -78,7 +107,20 @@ impl Cluster {
     /// Starts `n` nodes on free loopback ports and joins them to the first; returns once
     /// every node runs the `rabbit` app in the cluster (about 10 s a node on two cores).
     pub async fn start(n: usize) -> io::Result<Self> {
-        Self::start_with(n, None).await
+        Self::start_with(n, None, None).await
+    }
+
+    /// [`Cluster::start`] with the RabbitMQ installed in `root`, a Debian root of another
+    /// release (`scripts/debian13.sh`: RabbitMQ 4.0), run with `chroot`. The root must see
+    /// the machine's `/tmp`, `/proc` and `/dev` (the script mounts them): the nodes' data
+    /// directories are temporary directories.
+    pub async fn start_in(root: &Path, n: usize) -> io::Result<Self> {
+        Self::start_with(n, None, Some(root)).await
+    }
+
+    /// The version of RabbitMQ the first node runs (`rabbitmqctl version`).
+    pub async fn version(&self) -> io::Result<String> {
+        Ok(self.ctl_output(0, &["version"]).await?.trim().to_owned())
     }
 
     /// One node, like [`Cluster::start`], with a TLS listener beside its plaintext one
@@ -87,10 +129,10 @@ impl Cluster {
     /// name as user name: the `rabbitmq_auth_mechanism_ssl` plugin) as well as by
     /// password.
     pub async fn start_tls(tls: &NodeTls) -> io::Result<Self> {
-        Self::start_with(1, Some(tls)).await
+        Self::start_with(1, Some(tls), None).await
     }
 
-    async fn start_with(n: usize, tls: Option<&NodeTls>) -> io::Result<Self> {
+    async fn start_with(n: usize, tls: Option<&NodeTls>, root: Option<&Path>) -> io::Result<Self> {
         if n == 0 {
             return Err(io::Error::other("a cluster needs at least one node"));
         }
@@ -149,6 +191,7 @@ impl Cluster {
         let mut cluster = Cluster {
             nodes,
             home,
+            root: root.map(Path::to_owned),
             _dir: dir,
         };
         cluster.start_all().await?;
@@ -290,13 +333,12 @@ impl Cluster {
     }
 
     async fn launch(&mut self, i: usize) -> io::Result<()> {
-        let server = script("rabbitmq-server")
-            .ok_or_else(|| io::Error::other("rabbitmq-server is not installed"))?;
+        let mut server = command(self.root.as_deref(), "rabbitmq-server")?;
         let node = &self.nodes[i];
         let d = &node.dir;
         // A killed node leaves its pid file behind; a new one is written once it runs.
         let _ = std::fs::remove_file(d.join("pid"));
-        let status = Command::new(server)
+        let status = server
             .arg("-detached")
             .current_dir(d)
             .env("HOME", &self.home)
@@ -367,9 +409,7 @@ impl Cluster {
     }
 
     async fn ctl_output(&self, i: usize, args: &[&str]) -> io::Result<String> {
-        let ctl = script("rabbitmqctl")
-            .ok_or_else(|| io::Error::other("rabbitmqctl is not installed"))?;
-        let out = Command::new(ctl)
+        let out = command(self.root.as_deref(), "rabbitmqctl")?
             .arg("-n")
             .arg(&self.nodes[i].name)
             .args(args)

@@ -87,8 +87,22 @@ fn durable_exchange(passive: bool) -> ExchangeDeclareOptions {
     }
 }
 
+/// The delivery limit of a quorum queue that must not have one: RabbitMQ 4.0 gives every
+/// quorum queue declared without `x-delivery-limit` a limit of 20, and drops a message
+/// returned more often than that when the queue has no dead-letter target. A dead letter
+/// read in place (`justonce dlq list`, a worker's metrics) is returned after each read:
+/// 20 reads deleted it. Not -1, which 4.0 reads as no limit and 3.10 as a limit passed at
+/// the first return.
+pub(crate) const NO_LIMIT: i32 = i32::MAX;
+
+/// `x-delivery-limit` = [`NO_LIMIT`], said explicitly.
+fn unlimited(args: &mut FieldTable) {
+    args.insert("x-delivery-limit".into(), AMQPValue::LongInt(NO_LIMIT));
+}
+
 /// Quorum queues dead-letter at-least-once (RabbitMQ 3.10+), which needs `reject-publish`.
 fn quorum(args: &mut FieldTable) {
+    unlimited(args);
     args.insert("x-queue-type".into(), s("quorum"));
     args.insert("x-dead-letter-strategy".into(), s("at-least-once"));
     args.insert("x-overflow".into(), s("reject-publish"));
@@ -100,6 +114,9 @@ pub(crate) fn parts(opts: &AmqpOptions) -> Vec<Part> {
     let mut work = FieldTable::default();
     if quorum_queue {
         work.insert("x-queue-type".into(), s("quorum"));
+        if opts.delivery_limit.is_none() {
+            unlimited(&mut work);
+        }
         if let Some(limit) = opts.delivery_limit {
             let (dlx, key) = opts.dead_letter_target();
             work.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit as i32));
@@ -144,6 +161,7 @@ pub(crate) fn parts(opts: &AmqpOptions) -> Vec<Part> {
             let mut args = FieldTable::default();
             if quorum_queue {
                 args.insert("x-queue-type".into(), s("quorum"));
+                unlimited(&mut args);
             }
             out.push(Part::Queue {
                 name: queue.clone(),
@@ -279,22 +297,60 @@ pub async fn declare(conn: &Connection, opts: &AmqpOptions) -> Result<()> {
         )));
     }
 
-    let ch = conn
-        .create_channel()
-        .await
-        .map_err(|e| amqp("opening a channel", e))?;
-    let mut created: Vec<&Part> = Vec::new();
-    let result = declare_parts(&ch, opts, &parts, &existing, &mut created).await;
-    if let Err((part, e)) = result {
+    let mut parts = parts;
+    loop {
+        let ch = conn
+            .create_channel()
+            .await
+            .map_err(|e| amqp("opening a channel", e))?;
+        let mut created: Vec<&Part> = Vec::new();
+        let result = declare_parts(&ch, opts, &parts, &existing, &mut created).await;
+        let Err((part, e)) = result else {
+            let _ = ch.close(200, "justonce: declared".into()).await;
+            return Ok(());
+        };
         let _ = ch.close(200, "justonce: declare failed".into()).await;
+        // A queue made before justonce said its limit explicitly: used as it is, and the
+        // loss it risks on RabbitMQ 4 said.
+        let unlimited_refused = part.and_then(|p| match p {
+            Part::Queue { name, args, role }
+                if args.inner().get("x-delivery-limit") == Some(&AMQPValue::LongInt(NO_LIMIT))
+                    && Inequivalent::parse(&e.to_chain_string())
+                        .is_some_and(|i| i.arg == "x-delivery-limit" && i.current == "none") =>
+            {
+                Some((name.clone(), *role))
+            }
+            _ => None,
+        });
+        if let Some((name, role)) = unlimited_refused {
+            tracing::warn!(
+                queue = %name,
+                "{role} {name} has no x-delivery-limit: RabbitMQ 4.0 and later give it 20, and \
+                 drop a message returned more often (a dead letter is returned after each read \
+                 of `justonce dlq list` and of a worker's metrics). Move its messages, delete \
+                 it and let justonce declare it again, or set a policy with delivery-limit"
+            );
+            for p in parts.iter_mut() {
+                if let Part::Queue { name: n, args, .. } = p {
+                    if *n == name {
+                        let mut kept = FieldTable::default();
+                        for (k, v) in args.inner() {
+                            if k.as_str() != "x-delivery-limit" {
+                                kept.insert(k.clone(), v.clone());
+                            }
+                        }
+                        *args = kept;
+                    }
+                }
+            }
+            continue;
+        }
         undo(conn, &created).await;
         return Err(match part {
             Some(part) => refused(conn, part, opts, e).await,
             None => e,
         });
     }
-    let _ = ch.close(200, "justonce: declared".into()).await;
-    Ok(())
 }
 
 /// Declares and binds; a refused declaration answers with its part, to be explained.
@@ -491,6 +547,15 @@ impl Inequivalent {
                      AmqpOptions::queue_type(QueueType::{queue_type}) (--queue-type {exists_as}) \
                      to use it, or delete the queue",
                     opts.queue_type.as_str()
+                );
+            }
+            "x-delivery-limit" if current == "none" && *wanted == NO_LIMIT.to_string() => {
+                return format!(
+                    "{what} has no x-delivery-limit: RabbitMQ 4.0 and later give it 20, and \
+                     drop a message returned more often (a dead letter is returned after each \
+                     read of `justonce dlq list` and of a worker's metrics); move its \
+                     messages, delete it and let justonce declare it again, or set a policy \
+                     with delivery-limit"
                 );
             }
             "x-delivery-limit" | "x-dead-letter-strategy" | "x-overflow" => {

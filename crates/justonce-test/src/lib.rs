@@ -35,7 +35,7 @@ mod services;
 pub mod tls;
 pub mod transport;
 
-pub use services::{service_available, unique_name, Backend};
+pub use services::{debian13_root, service_available, unique_name, Backend};
 
 #[doc(hidden)]
 pub mod __private {

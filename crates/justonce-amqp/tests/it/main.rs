@@ -9,6 +9,7 @@ use justonce_test::unique_name;
 use lapin::options::QueueDeleteOptions;
 
 mod tls;
+mod versions;
 
 fn url() -> Option<String> {
     let url = std::env::var("JUSTONCE_AMQP_URL")
