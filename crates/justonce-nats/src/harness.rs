@@ -12,6 +12,8 @@ use tokio::process::{Child, Command};
 pub struct OwnServer {
     child: Option<Child>,
     port: u16,
+    /// The root its `nats-server` is installed in (`chroot`), when not the machine's.
+    root: Option<std::path::PathBuf>,
     config: std::path::PathBuf,
     /// Whether a client with no credentials and no TLS may connect (the readiness probe).
     open: bool,
@@ -20,7 +22,7 @@ pub struct OwnServer {
 }
 
 impl OwnServer {
-    /// Whether `nats-server` is on the `PATH` (or in `/usr/sbin`).
+    /// Whether `nats-server` is found: `$JUSTONCE_NATS_SERVER`, the `PATH`, `/usr/sbin`.
     pub fn installed() -> bool {
         binary().is_some()
     }
@@ -36,6 +38,21 @@ impl OwnServer {
     /// `authorization` block, a `tls` block. A server that asks its clients to log in or
     /// to speak TLS is ready when its port accepts connections.
     pub async fn start_with(max_payload: usize, extra: &str) -> io::Result<Self> {
+        Self::start_from(None, max_payload, extra).await
+    }
+
+    /// [`OwnServer::start`] with the `nats-server` installed in `root`, a Debian root of
+    /// another release (`scripts/debian13.sh`: NATS 2.10), run with `chroot`. The root must
+    /// see the machine's `/tmp` (the script mounts it): the store is a temporary directory.
+    pub async fn start_in(root: &std::path::Path, max_payload: usize) -> io::Result<Self> {
+        Self::start_from(Some(root), max_payload, "").await
+    }
+
+    async fn start_from(
+        root: Option<&std::path::Path>,
+        max_payload: usize,
+        extra: &str,
+    ) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -55,6 +72,7 @@ impl OwnServer {
         let mut server = OwnServer {
             child: None,
             port,
+            root: root.map(Into::into),
             config,
             open: extra.is_empty(),
             _dir: dir,
@@ -80,6 +98,22 @@ impl OwnServer {
         self.spawn().await
     }
 
+    /// The server's version (`nats-server --version`: `nats-server: v2.10.27`).
+    pub async fn version(&self) -> io::Result<String> {
+        let mut c = match &self.root {
+            Some(root) => {
+                let mut c = Command::new("chroot");
+                c.arg(root).arg("/usr/sbin/nats-server");
+                c
+            }
+            None => Command::new(
+                binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?,
+            ),
+        };
+        let out = c.arg("--version").output().await?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
     /// Kills the server; [`OwnServer::restart`] or drop after.
     pub async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -88,8 +122,17 @@ impl OwnServer {
     }
 
     async fn spawn(&mut self) -> io::Result<()> {
-        let bin = binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?;
-        let child = Command::new(bin)
+        let mut command = match &self.root {
+            Some(root) => {
+                let mut c = Command::new("chroot");
+                c.arg(root).arg("/usr/sbin/nats-server");
+                c
+            }
+            None => Command::new(
+                binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?,
+            ),
+        };
+        let child = command
             .arg("-c")
             .arg(&self.config)
             .stdout(Stdio::null())
@@ -131,7 +174,13 @@ impl Drop for OwnServer {
     }
 }
 
+/// `$JUSTONCE_NATS_SERVER` (another version's binary: Debian 13's is
+/// `~/.cache/justonce/debian13/usr/sbin/nats-server`), else `nats-server` on the `PATH` or
+/// in `/usr/sbin`.
 fn binary() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("JUSTONCE_NATS_SERVER") {
+        return Some(std::path::PathBuf::from(p)).filter(|p| p.is_file());
+    }
     let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();

@@ -26,6 +26,9 @@ struct Token {
     delivered: u64,
     attempt: u32,
     reply: Subject,
+    /// The client's connect count when it was pulled: a settlement on a later connection
+    /// may reach a server that restarted and forgot the delivery.
+    connects: u64,
 }
 
 impl Inner {
