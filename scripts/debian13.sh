@@ -10,27 +10,23 @@
 #   scripts/debian13.sh versions    the servers' versions, one a line
 #   scripts/debian13.sh run CMD…    run CMD inside the root
 #
-# Inside the root, /proc, /dev and /tmp are the machine's (bind mounts, made once and kept):
-# a harness's temporary directory has the same path inside and out. Delete the root with
-# `scripts/debian13.sh remove`, which takes the mounts down first (never `rm -rf` it while
-# they are up: /tmp is the machine's).
+# Inside the root, /proc is mounted (made once and kept); /dev holds the nodes debootstrap
+# made, and /tmp is the root's own: a harness makes its servers' directories there and
+# hands them the paths as seen inside. Nothing of the machine's files is mounted in it, so
+# deleting the cache deletes only the cache; `scripts/debian13.sh remove` takes /proc down
+# first.
 set -euo pipefail
 
 ROOT="${JUSTONCE_DEBIAN13_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/justonce/debian13}"
 MIRROR="${JUSTONCE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES=(rabbitmq-server nats-server redis-server valkey-server postgresql-17 mariadb-server)
 
-# The machine's /proc, /dev and /tmp inside the root (made once, kept).
+# /proc inside the root (made once, kept): Erlang reads it. Never a bind mount of the
+# machine's files: an `rm -rf` of the cache would go through it.
 mounts() {
-  local m
-  for m in proc dev tmp; do
-    mkdir -p "$ROOT/$m"
-    mountpoint -q "$ROOT/$m" && continue
-    case "$m" in
-      proc) mount -t proc proc "$ROOT/proc" ;;
-      *) mount --bind "/$m" "$ROOT/$m" ;;
-    esac
-  done
+  mkdir -p "$ROOT/proc" "$ROOT/tmp"
+  chmod 1777 "$ROOT/tmp"
+  mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
 }
 
 unmount() {
@@ -40,8 +36,8 @@ unmount() {
   done
 }
 
-# Deletes a root, never through a mount: /tmp inside it is the machine's /tmp, on the same
-# file system, which `rm --one-file-system` would not stop at.
+# Deletes a root, never through a mount (a bind mount of the same file system is one that
+# `rm --one-file-system` would not stop at; earlier versions of this script made some).
 remove_root() {
   local dir="$1"
   [ -e "$dir" ] || return 0

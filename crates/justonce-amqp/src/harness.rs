@@ -111,9 +111,9 @@ impl Cluster {
     }
 
     /// [`Cluster::start`] with the RabbitMQ installed in `root`, a Debian root of another
-    /// release (`scripts/debian13.sh`: RabbitMQ 4.0), run with `chroot`. The root must see
-    /// the machine's `/tmp`, `/proc` and `/dev` (the script mounts them): the nodes' data
-    /// directories are temporary directories.
+    /// release (`scripts/debian13.sh`: RabbitMQ 4.0), run with `chroot`, the nodes' data
+    /// directories in the root's own `/tmp`. The root needs `/proc` mounted (the script
+    /// mounts it).
     pub async fn start_in(root: &Path, n: usize) -> io::Result<Self> {
         Self::start_with(n, None, Some(root)).await
     }
@@ -136,9 +136,15 @@ impl Cluster {
         if n == 0 {
             return Err(io::Error::other("a cluster needs at least one node"));
         }
-        let dir = tempfile::Builder::new()
-            .prefix("justonce-rabbit-")
-            .tempdir()?;
+        // A root's servers see its own /tmp: their directories are made there.
+        let dir = match root {
+            Some(root) => tempfile::Builder::new()
+                .prefix("justonce-rabbit-")
+                .tempdir_in(root.join("tmp"))?,
+            None => tempfile::Builder::new()
+                .prefix("justonce-rabbit-")
+                .tempdir()?,
+        };
         let home = dir.path().to_owned();
         let cookie: String = (0..24).map(|_| fastrand::uppercase()).collect();
         let cookie_file = home.join(".erlang.cookie");
@@ -332,26 +338,38 @@ impl Cluster {
         std::net::TcpStream::connect_timeout(&self.addr(i), Duration::from_millis(200)).is_ok()
     }
 
+    /// `path` as the servers see it: under the root, without the root's prefix.
+    fn inside(&self, path: &Path) -> PathBuf {
+        match &self.root {
+            Some(root) => Path::new("/").join(path.strip_prefix(root).unwrap_or(path)),
+            None => path.to_owned(),
+        }
+    }
+
     async fn launch(&mut self, i: usize) -> io::Result<()> {
         let mut server = command(self.root.as_deref(), "rabbitmq-server")?;
         let node = &self.nodes[i];
         let d = &node.dir;
         // A killed node leaves its pid file behind; a new one is written once it runs.
         let _ = std::fs::remove_file(d.join("pid"));
+        let at = |p: PathBuf| self.inside(&p);
         let status = server
             .arg("-detached")
             .current_dir(d)
-            .env("HOME", &self.home)
-            .env("RABBITMQ_CONF_ENV_FILE", d.join("env.conf"))
+            .env("HOME", self.inside(&self.home))
+            .env("RABBITMQ_CONF_ENV_FILE", at(d.join("env.conf")))
             .env("RABBITMQ_NODENAME", &node.name)
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
             .env("RABBITMQ_NODE_PORT", node.amqp.to_string())
             .env("RABBITMQ_DIST_PORT", node.dist.to_string())
-            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
-            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", d.join("log"))
-            .env("RABBITMQ_PID_FILE", d.join("pid"))
+            .env("RABBITMQ_CONFIG_FILE", at(d.join("rabbitmq.conf")))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                at(d.join("enabled_plugins")),
+            )
+            .env("RABBITMQ_MNESIA_BASE", at(d.join("mnesia")))
+            .env("RABBITMQ_LOG_BASE", at(d.join("log")))
+            .env("RABBITMQ_PID_FILE", at(d.join("pid")))
             .env(
                 "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
                 "-kernel inet_dist_use_interface {127,0,0,1}",
@@ -413,7 +431,7 @@ impl Cluster {
             .arg("-n")
             .arg(&self.nodes[i].name)
             .args(args)
-            .env("HOME", &self.home)
+            .env("HOME", self.inside(&self.home))
             .env("ERL_EPMD_ADDRESS", "127.0.0.1")
             .stdin(Stdio::null())
             .output()

@@ -14,7 +14,8 @@ pub struct OwnServer {
     port: u16,
     /// The root its `nats-server` is installed in (`chroot`), when not the machine's.
     root: Option<std::path::PathBuf>,
-    config: std::path::PathBuf,
+    /// Its configuration file, as the server sees it (inside its root).
+    config_inside: std::path::PathBuf,
     /// Whether a client with no credentials and no TLS may connect (the readiness probe).
     open: bool,
     /// Removed when the server is dropped.
@@ -42,8 +43,8 @@ impl OwnServer {
     }
 
     /// [`OwnServer::start`] with the `nats-server` installed in `root`, a Debian root of
-    /// another release (`scripts/debian13.sh`: NATS 2.10), run with `chroot`. The root must
-    /// see the machine's `/tmp` (the script mounts it): the store is a temporary directory.
+    /// another release (`scripts/debian13.sh`: NATS 2.10), run with `chroot`, its store in
+    /// the root's own `/tmp`.
     pub async fn start_in(root: &std::path::Path, max_payload: usize) -> io::Result<Self> {
         Self::start_from(Some(root), max_payload, "").await
     }
@@ -56,11 +57,21 @@ impl OwnServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let dir = tempfile::Builder::new()
-            .prefix("justonce-nats-")
-            .tempdir()?;
+        // A root's server sees its own /tmp: its directory is made there.
+        let dir = match root {
+            Some(root) => tempfile::Builder::new()
+                .prefix("justonce-nats-")
+                .tempdir_in(root.join("tmp"))?,
+            None => tempfile::Builder::new()
+                .prefix("justonce-nats-")
+                .tempdir()?,
+        };
+        let inside = |p: std::path::PathBuf| match root {
+            Some(root) => std::path::Path::new("/").join(p.strip_prefix(root).unwrap_or(&p)),
+            None => p,
+        };
         let config = dir.path().join("nats.conf");
-        let store = dir.path().join("store");
+        let store = inside(dir.path().join("store"));
         std::fs::write(
             &config,
             format!(
@@ -73,7 +84,7 @@ impl OwnServer {
             child: None,
             port,
             root: root.map(Into::into),
-            config,
+            config_inside: inside(config),
             open: extra.is_empty(),
             _dir: dir,
         };
@@ -134,7 +145,7 @@ impl OwnServer {
         };
         let child = command
             .arg("-c")
-            .arg(&self.config)
+            .arg(&self.config_inside)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)

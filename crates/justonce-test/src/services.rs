@@ -96,12 +96,11 @@ impl<T> Backend<T> {
 }
 
 /// The root of Debian 13's servers that `scripts/debian13.sh install` builds (RabbitMQ 4.0,
-/// NATS 2.10, Redis 8.0, Valkey 8.1, PostgreSQL 17, MariaDB 11.8), with the machine's
-/// `/tmp` mounted in it: `JUSTONCE_DEBIAN13_ROOT`, else `~/.cache/justonce/debian13`.
-/// `None` when it is missing, said on stderr; with JUSTONCE_REQUIRE_SERVICES=1 its absence
-/// fails the test instead.
+/// NATS 2.10, Redis 8.0, Valkey 8.1, PostgreSQL 17, MariaDB 11.8), with `/proc` mounted in
+/// it: `JUSTONCE_DEBIAN13_ROOT`, else `~/.cache/justonce/debian13`. `None` when it is
+/// missing, said on stderr; with JUSTONCE_REQUIRE_SERVICES=1 its absence fails the test
+/// instead. A harness makes its servers' directories in the root's own `/tmp`.
 pub fn debian13_root() -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::MetadataExt as _;
     let root = std::env::var_os("JUSTONCE_DEBIAN13_ROOT")
         .map(std::path::PathBuf::from)
         .or_else(|| {
@@ -113,14 +112,12 @@ pub fn debian13_root() -> Option<std::path::PathBuf> {
             Some(cache.join("justonce").join("debian13"))
         })?;
     let ready = root.join(".justonce-ready").is_file();
-    // The machine's /tmp inside the root: the harnesses' data directories are there.
-    let same = |a: &std::path::Path, b: &std::path::Path| matches!((a.metadata(), b.metadata()), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino());
-    let mounted = same(&root.join("tmp"), std::path::Path::new("/tmp"));
-    if ready && mounted {
+    let proc = root.join("proc/self").exists();
+    if ready && proc {
         return Some(root);
     }
     let why = if ready {
-        "its /tmp is not the machine's (scripts/debian13.sh install mounts it)"
+        "its /proc is not mounted (scripts/debian13.sh install mounts it)"
     } else {
         "it is not built (scripts/debian13.sh install)"
     };
