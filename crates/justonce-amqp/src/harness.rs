@@ -65,6 +65,15 @@ fn script(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// The deprecated features of RabbitMQ 4.0, each denied (4.3 denies them by default):
+/// a node of another root starts with these, so that the tests on it fail if justonce uses
+/// one.
+const DENY_DEPRECATED: &str = "deprecated_features.permit.transient_nonexcl_queues = false\n\
+     deprecated_features.permit.global_qos = false\n\
+     deprecated_features.permit.queue_master_locator = false\n\
+     deprecated_features.permit.classic_queue_mirroring = false\n\
+     deprecated_features.permit.ram_node_type = false\n";
+
 /// Where Debian installs RabbitMQ's scripts, inside a root.
 const DEBIAN_SCRIPTS: &str = "/usr/lib/rabbitmq/bin";
 
@@ -112,8 +121,8 @@ impl Cluster {
 
     /// [`Cluster::start`] with the RabbitMQ installed in `root`, a Debian root of another
     /// release (`scripts/debian13.sh`: RabbitMQ 4.0), run with `chroot`, the nodes' data
-    /// directories in the root's own `/tmp`. The root needs `/proc` mounted (the script
-    /// mounts it).
+    /// directories in the root's own `/tmp`, and every deprecated feature denied (as 4.3
+    /// denies them by default). The root needs `/proc` mounted (the script mounts it).
     pub async fn start_in(root: &Path, n: usize) -> io::Result<Self> {
         Self::start_with(n, None, Some(root)).await
     }
@@ -162,6 +171,10 @@ impl Cluster {
             let dist = free_port()?;
             let mut conf =
                 format!("listeners.tcp.default = 127.0.0.1:{amqp}\nloopback_users = none\n");
+            if root.is_some() {
+                // What RabbitMQ 4.3 denies by default, denied now: justonce must use none.
+                conf.push_str(DENY_DEPRECATED);
+            }
             let mut plugins = "[].\n";
             let amqps = match tls {
                 Some(tls) => {

@@ -15,7 +15,39 @@ async fn rabbitmq_4() -> Option<Cluster> {
     let version = node.version().await.unwrap();
     eprintln!("RabbitMQ {version} (Debian 13)");
     assert!(version.starts_with("4."), "{version}");
+    // The node denies what 4.3 denies by default: a transient non-exclusive queue, say.
+    let conn = lapin::Connection::connect(&node.url(0), lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let transient = ch
+        .queue_declare(
+            unique_name("jo-transient").as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    assert!(
+        transient.is_err(),
+        "the node permits transient non-exclusive queues: deprecated features are not denied"
+    );
+    let _ = conn.close(200, "checked".into()).await;
     Some(node)
+}
+
+/// The transport contract on RabbitMQ 4.0 with every deprecated feature denied (4.3's
+/// defaults): a node of each rule's own.
+mod contract_rabbitmq_4 {
+    use super::*;
+    use justonce_test::{transport::Queue, Backend};
+
+    justonce_test::transport_tests!(|| async {
+        let node = rabbitmq_4().await?;
+        let mut o = options("contract4");
+        o.retry_delays = vec![Duration::from_millis(300), Duration::from_millis(900)];
+        let q = AmqpSource::connect(&node.url(0), o).await.unwrap();
+        Some(Backend::new(Queue::new(q, Duration::from_millis(300))).keeping(node))
+    });
 }
 
 /// Two dead letters, read in place 100 times the way `justonce dlq list` and a worker's
