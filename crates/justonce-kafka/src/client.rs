@@ -210,6 +210,7 @@ impl Client {
         let t = topic.to_owned();
         let brokers = self.opts.brokers.clone();
         let seen = self.seen.clone();
+        let tls = self.opts.tls.is_some();
         let md = blocking("reading Kafka metadata", move || {
             producer.client().fetch_metadata(Some(&t), timeout)
         })
@@ -222,6 +223,11 @@ impl Client {
                         "cannot reach Kafka at {brokers} (no metadata within {timeout:?}): \
                          {why}{}",
                         hint(&why)
+                    ),
+                    None if tls => format!(
+                        "cannot reach Kafka at {brokers} (no metadata within {timeout:?}; is \
+                         the port the brokers' TLS listener? A plaintext one never answers \
+                         the TLS handshake)"
                     ),
                     None => {
                         format!("cannot reach Kafka at {brokers} (no metadata within {timeout:?})")

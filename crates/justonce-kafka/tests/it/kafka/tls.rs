@@ -131,7 +131,12 @@ async fn tls_asked_of_a_plaintext_port_is_refused() {
     let o = quick(opts(&broker.brokers(), "plain-port").tls(KafkaTls::new().ca(pki.ca())));
     let e = refused(o, &[]).await;
     assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
-    assert!(e.to_string().contains("cannot reach Kafka"), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("cannot reach Kafka"), "{e}");
+    assert!(
+        text.contains("TLS") || text.contains("SSL"),
+        "says TLS: {e}"
+    );
 }
 
 /// Whether the librdkafka linked has the fix of its SCRAM exchange (2.6.1, librdkafka
