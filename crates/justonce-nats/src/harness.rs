@@ -109,18 +109,25 @@ impl OwnServer {
         self.spawn().await
     }
 
-    /// The server's version (`nats-server --version`: `nats-server: v2.10.27`).
-    pub async fn version(&self) -> io::Result<String> {
-        let mut c = match &self.root {
+    /// `nats-server`: the root's (run with `chroot`) or the machine's.
+    fn command(&self) -> io::Result<Command> {
+        match &self.root {
             Some(root) => {
                 let mut c = Command::new("chroot");
                 c.arg(root).arg("/usr/sbin/nats-server");
-                c
+                Ok(c)
             }
-            None => Command::new(
-                binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?,
-            ),
-        };
+            None => {
+                Ok(Command::new(binary().ok_or_else(|| {
+                    io::Error::other("nats-server is not installed")
+                })?))
+            }
+        }
+    }
+
+    /// The server's version (`nats-server --version`: `nats-server: v2.10.27`).
+    pub async fn version(&self) -> io::Result<String> {
+        let mut c = self.command()?;
         let out = c.arg("--version").output().await?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
@@ -133,16 +140,7 @@ impl OwnServer {
     }
 
     async fn spawn(&mut self) -> io::Result<()> {
-        let mut command = match &self.root {
-            Some(root) => {
-                let mut c = Command::new("chroot");
-                c.arg(root).arg("/usr/sbin/nats-server");
-                c
-            }
-            None => Command::new(
-                binary().ok_or_else(|| io::Error::other("nats-server is not installed"))?,
-            ),
-        };
+        let mut command = self.command()?;
         let child = command
             .arg("-c")
             .arg(&self.config_inside)
