@@ -19,7 +19,8 @@ use crate::{topology, AmqpOptions, AmqpTls};
 /// client certificate; with `auth_mechanism=external` the broker logs the client in by it
 /// (its `rabbitmq_auth_mechanism_ssl` plugin), with no password. These are the names of
 /// RabbitMQ's own URI spec. Verification cannot be turned off (`verify=verify_none` is
-/// refused), and TLS parameters on an `amqp://` URL are an error, never ignored.
+/// refused), and TLS parameters on an `amqp://` URL are an error, never ignored. A
+/// `frame_max` below 8,192 is refused too (RabbitMQ 4.1 and later refuse it).
 ///
 /// ```
 /// # async fn run() {
@@ -29,6 +30,11 @@ use crate::{topology, AmqpOptions, AmqpTls};
 ///     .err()
 ///     .unwrap();
 /// assert!(e.to_string().contains("amqps://"));
+/// let e = connect("amqp://127.0.0.1:5672/%2f?frame_max=4096", &AmqpTls::default())
+///     .await
+///     .err()
+///     .unwrap();
+/// assert!(e.to_string().contains("frame_max below 8192"));
 /// # }
 /// ```
 pub async fn connect(url: &str, tls: &AmqpTls) -> Result<Connection> {
@@ -53,6 +59,14 @@ pub async fn connect(url: &str, tls: &AmqpTls) -> Result<Connection> {
             "cacertfile" => files.cacertfile = path(),
             "certfile" => files.certfile = path(),
             "keyfile" => files.keyfile = path(),
+            // RabbitMQ 4.1 refuses a frame_max below 8,192 at the handshake; older brokers
+            // take it, and a connection that works today breaks at the upgrade.
+            "frame_max" if v.parse::<u32>().is_ok_and(|n| n > 0 && n < 8192) => {
+                return Err(bad(
+                    "frame_max below 8192 is refused by RabbitMQ 4.1 and later; leave it out \
+                     (the broker's own, 128 KiB by default, is used) or ask for 8192 or more",
+                ))
+            }
             "verify" if v != "verify_peer" => {
                 return Err(bad(
                     "verify=verify_none turns certificate verification off; name the \

@@ -116,7 +116,14 @@ impl Cluster {
     /// Starts `n` nodes on free loopback ports and joins them to the first; returns once
     /// every node runs the `rabbit` app in the cluster (about 10 s a node on two cores).
     pub async fn start(n: usize) -> io::Result<Self> {
-        Self::start_with(n, None, None).await
+        Self::start_with(n, None, None, "").await
+    }
+
+    /// [`Cluster::start`] with `conf` (lines of `rabbitmq.conf`, say `consumer_timeout =
+    /// 45000`) added to every node's configuration, and the RabbitMQ of `root` when given
+    /// (as [`Cluster::start_in`]).
+    pub async fn start_configured(n: usize, root: Option<&Path>, conf: &str) -> io::Result<Self> {
+        Self::start_with(n, None, root, conf).await
     }
 
     /// [`Cluster::start`] with the RabbitMQ installed in `root`, a Debian root of another
@@ -124,7 +131,7 @@ impl Cluster {
     /// directories in the root's own `/tmp`, and every deprecated feature denied (as 4.3
     /// denies them by default). The root needs `/proc` mounted (the script mounts it).
     pub async fn start_in(root: &Path, n: usize) -> io::Result<Self> {
-        Self::start_with(n, None, Some(root)).await
+        Self::start_with(n, None, Some(root), "").await
     }
 
     /// The version of RabbitMQ the first node runs (`rabbitmqctl version`).
@@ -138,10 +145,15 @@ impl Cluster {
     /// name as user name: the `rabbitmq_auth_mechanism_ssl` plugin) as well as by
     /// password.
     pub async fn start_tls(tls: &NodeTls) -> io::Result<Self> {
-        Self::start_with(1, Some(tls), None).await
+        Self::start_with(1, Some(tls), None, "").await
     }
 
-    async fn start_with(n: usize, tls: Option<&NodeTls>, root: Option<&Path>) -> io::Result<Self> {
+    async fn start_with(
+        n: usize,
+        tls: Option<&NodeTls>,
+        root: Option<&Path>,
+        extra: &str,
+    ) -> io::Result<Self> {
         if n == 0 {
             return Err(io::Error::other("a cluster needs at least one node"));
         }
@@ -174,6 +186,10 @@ impl Cluster {
             if root.is_some() {
                 // What RabbitMQ 4.3 denies by default, denied now: justonce must use none.
                 conf.push_str(DENY_DEPRECATED);
+            }
+            conf.push_str(extra);
+            if !extra.ends_with('\n') {
+                conf.push('\n');
             }
             let mut plugins = "[].\n";
             let amqps = match tls {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_lite::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::{mpsc, Mutex};
@@ -400,17 +400,14 @@ impl Source for AmqpSource {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&t.tag);
+                // `basic.reject`, not `basic.nack`: from RabbitMQ 4.3 only a reject counts
+                // towards a quorum queue's delivery limit, which dead-letters a message
+                // that keeps failing.
                 if current == t.generation && owned {
                     channel
-                        .basic_nack(
-                            t.tag,
-                            BasicNackOptions {
-                                requeue: true,
-                                ..BasicNackOptions::default()
-                            },
-                        )
+                        .basic_reject(t.tag, BasicRejectOptions { requeue: true })
                         .await
-                        .map_err(|e| amqp("nacking", e))?;
+                        .map_err(|e| amqp("rejecting", e))?;
                 }
             }
             return Ok(());

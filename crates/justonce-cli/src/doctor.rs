@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use justonce::backend::{TransportKind, TransportOptions};
 use justonce::{Check, CheckStatus, ConsumerOptions, RetryOptions};
 use serde_json::json;
+
+use crate::local::RabbitNode;
 
 /// Arguments of `justonce doctor`.
 #[derive(clap::Args)]
@@ -184,61 +185,23 @@ fn retention(a: &DoctorArgs, transport_delay: Duration) -> Check {
 
 /// RabbitMQ's `consumer_timeout` against the longest batch: a delivery unacked for longer
 /// makes the broker close the channel, and every delivery on it comes again. AMQP cannot
-/// read it; `rabbitmqctl` can, where the broker runs on this machine.
+/// read it; the node's own `rabbitmqctl` can, where the node the URL names runs on this
+/// machine ([`RabbitNode`]: found by the port it listens on, never the machine's default).
 async fn consumer_timeout(url: &str, max_batch_secs: u64) -> Check {
     const LINK: &str = "consumer timeout";
-    let local = [
-        "@127.0.0.1",
-        "@localhost",
-        "@[::1]",
-        "//127.0.0.1",
-        "//localhost",
-    ]
-    .iter()
-    .any(|h| url.contains(h));
     let read = async {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            tokio::process::Command::new("rabbitmqctl")
-                .args(["eval", "application:get_env(rabbit, consumer_timeout)."])
-                .output(),
-        )
-        .await
-        .context("rabbitmqctl did not answer within 60 s")?
-        .context("rabbitmqctl")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "rabbitmqctl failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        let node = RabbitNode::find(url)?;
+        let facts = node.facts().await?;
+        anyhow::Ok((node.name, facts.consumer_timeout_ms))
     };
-    let text = match local {
-        true => read.await,
-        false => Err(anyhow::anyhow!("the broker is not on this machine")),
-    };
-    let ms = match text {
-        Ok(t) if t == "undefined" => None,
-        Ok(t) => match t
-            .trim_start_matches("{ok,")
-            .trim_end_matches('}')
-            .parse::<u64>()
-        {
-            Ok(ms) => Some(ms),
-            Err(_) => {
-                return Check::warn(
-                    LINK,
-                    format!("cannot read consumer_timeout ({t})"),
-                    "check it with `rabbitmqctl environment`",
-                );
-            }
-        },
+    let (node, ms) = match read.await {
+        Ok(read) => read,
         Err(e) => {
             return Check::warn(
                 LINK,
                 format!("cannot read consumer_timeout: {e:#}"),
                 format!(
-                    "check on the broker that consumer_timeout (default 30 min) is well above the longest batch ({max_batch_secs} s)"
+                    "check on the broker that consumer_timeout (default 30 min) is well above the longest batch ({max_batch_secs} s): `rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).'`"
                 ),
             );
         }
@@ -246,28 +209,32 @@ async fn consumer_timeout(url: &str, max_batch_secs: u64) -> Check {
     let Some(ms) = ms else {
         return Check::pass(
             LINK,
-            "consumer_timeout is off: the broker never reclaims a delivery held long",
+            format!(
+                "consumer_timeout is off on {node}: the broker never reclaims a delivery held long"
+            ),
         );
     };
     let batch_ms = max_batch_secs.saturating_mul(1000);
     if ms <= batch_ms {
         Check::fail(
             LINK,
-            format!("consumer_timeout is {ms} ms, not longer than the longest batch ({batch_ms} ms): the broker closes the channel under a slow batch and delivers all of it again"),
+            format!("consumer_timeout is {ms} ms on {node}, not longer than the longest batch ({batch_ms} ms): the broker closes the channel under a slow batch and delivers all of it again"),
             "raise consumer_timeout in rabbitmq.conf, or make batches shorter",
         )
     } else if ms < batch_ms.saturating_mul(2) {
         Check::warn(
             LINK,
             format!(
-                "consumer_timeout is {ms} ms, less than twice the longest batch ({batch_ms} ms)"
+                "consumer_timeout is {ms} ms on {node}, less than twice the longest batch ({batch_ms} ms)"
             ),
             "raise consumer_timeout in rabbitmq.conf, or make batches shorter",
         )
     } else {
         Check::pass(
             LINK,
-            format!("consumer_timeout is {ms} ms, above the longest batch ({batch_ms} ms)"),
+            format!(
+                "consumer_timeout is {ms} ms on {node}, above the longest batch ({batch_ms} ms)"
+            ),
         )
     }
 }

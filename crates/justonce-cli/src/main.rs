@@ -8,6 +8,7 @@ mod dlq;
 mod doctor;
 mod doctor_link;
 mod lab;
+mod local;
 mod orders;
 mod outbox;
 mod produce;

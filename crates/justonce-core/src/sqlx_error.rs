@@ -96,8 +96,10 @@ fn sqlstate(code: &str) -> ErrorKind {
 #[cfg(feature = "mysql")]
 fn mysql_number(n: u16) -> Option<ErrorKind> {
     Some(match n {
-        // Deadlock, lock wait timeout.
-        1213 | 1205 => ErrorKind::Busy,
+        // Deadlock, lock wait timeout, and "Record has changed since last read": a write
+        // conflict under snapshot isolation (`innodb_snapshot_isolation`, on by default from
+        // MariaDB 11.8), which a retry of the transaction passes.
+        1213 | 1205 | 1020 => ErrorKind::Busy,
         // Access denied (database, user, command, column, routine), needs a privilege,
         // --read-only, read-only transaction.
         1044 | 1045 | 1142 | 1143 | 1227 | 1290 | 1370 | 1792 => ErrorKind::Permission,
@@ -226,6 +228,7 @@ mod tests {
         assert_eq!(mysql_number(1146), Some(ErrorKind::Schema));
         assert_eq!(mysql_number(1142), Some(ErrorKind::Permission));
         assert_eq!(mysql_number(1205), Some(ErrorKind::Busy));
+        assert_eq!(mysql_number(1020), Some(ErrorKind::Busy));
         assert_eq!(mysql_number(1021), Some(ErrorKind::Resource));
         assert_eq!(mysql_number(1452), None, "a foreign key is the message's");
         assert_eq!(

@@ -13,6 +13,8 @@ use tokio::process::{Child, Command};
 pub struct OwnServer {
     child: Option<Child>,
     port: u16,
+    /// The program and its first arguments: `redis-server`, or `chroot ROOT valkey-server`.
+    program: Vec<String>,
     args: Vec<String>,
     /// Listening on TLS only: ready when the port accepts, since a plaintext `PING` would
     /// not be answered.
@@ -32,26 +34,62 @@ impl OwnServer {
     /// Starts `redis-server` with `args` (persistence settings, say `--appendonly yes`) on
     /// a free port of 127.0.0.1 and a temporary directory, and waits until it answers.
     pub async fn start(args: &[&str]) -> io::Result<Self> {
-        let mut server = Self::prepare("--port", args)?;
+        let mut server = Self::prepare("--port", args, None)?;
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// [`OwnServer::start`] with `program` (`redis-server` or `valkey-server`) installed in
+    /// `root`, a Debian root of another release (`scripts/debian13.sh`: Redis 8.0, Valkey
+    /// 8.1), run with `chroot`, its directory in the root's own `/tmp`.
+    pub async fn start_in(
+        root: &std::path::Path,
+        program: &str,
+        args: &[&str],
+    ) -> io::Result<Self> {
+        let mut server = Self::prepare("--port", args, Some((root, program)))?;
         server.spawn().await?;
         Ok(server)
     }
 
     /// A server on a free port (`listen` names how: `--port` or `--tls-port`), not started.
-    fn prepare(listen: &str, args: &[&str]) -> io::Result<Self> {
+    fn prepare(
+        listen: &str,
+        args: &[&str],
+        root: Option<(&std::path::Path, &str)>,
+    ) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let dir = tempfile::Builder::new()
-            .prefix("justonce-redis-")
-            .tempdir()?;
+        let (dir, program, inside) = match root {
+            Some((root, program)) => {
+                let dir = tempfile::Builder::new()
+                    .prefix("justonce-redis-")
+                    .tempdir_in(root.join("tmp"))?;
+                let inside = std::path::Path::new("/")
+                    .join(dir.path().strip_prefix(root).unwrap_or(dir.path()));
+                let program = vec![
+                    "chroot".to_owned(),
+                    root.display().to_string(),
+                    program.to_owned(),
+                ];
+                (dir, program, inside)
+            }
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("justonce-redis-")
+                    .tempdir()?;
+                let inside = dir.path().to_owned();
+                (dir, vec!["redis-server".to_owned()], inside)
+            }
+        };
         let mut all: Vec<String> = vec![
             listen.into(),
             port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
-            dir.path().display().to_string(),
+            inside.display().to_string(),
             "--daemonize".into(),
             "no".into(),
         ];
@@ -62,6 +100,7 @@ impl OwnServer {
         Ok(OwnServer {
             child: None,
             port,
+            program,
             args: all,
             tls: listen == "--tls-port",
             _dir: dir,
@@ -87,7 +126,7 @@ impl OwnServer {
     /// `--tls-auth-clients`, a `--user` or a `--requirepass`), and waits until the port
     /// accepts connections.
     pub async fn start_tls(args: &[&str]) -> io::Result<Self> {
-        let mut server = Self::prepare("--tls-port", args)?;
+        let mut server = Self::prepare("--tls-port", args, None)?;
         server.spawn().await?;
         Ok(server)
     }
@@ -118,7 +157,8 @@ impl OwnServer {
     }
 
     async fn spawn(&mut self) -> io::Result<()> {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.program[0])
+            .args(&self.program[1..])
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -39,6 +39,60 @@ pub struct ServerSettings {
     pub maxmemory_policy: String,
 }
 
+/// The commands a Redis stream sends, from its scripts or directly, that a server may lack:
+/// `XAUTOCLAIM` came with Redis 6.2, and a managed service may rename or disable any
+/// command (`rename-command`). Valkey has them all.
+pub(crate) const STREAM_COMMANDS: &[&str] = &[
+    "XAUTOCLAIM",
+    "XCLAIM",
+    "XPENDING",
+    "XREADGROUP",
+    "XACK",
+    "XADD",
+    "XDEL",
+    "XTRIM",
+    "XGROUP",
+    "XINFO",
+    "EVALSHA",
+];
+
+/// Checks with `COMMAND INFO` (the server's own list, not its version) that the server has
+/// every one of `commands`: a missing one is a configuration error naming it, at connect,
+/// not a failure in the middle of a script later. A server that refuses `COMMAND` itself
+/// (renamed, or not allowed to this user) is not checked.
+pub(crate) async fn require_commands(
+    conn: &mut ConnectionManager,
+    what: &str,
+    commands: &[&str],
+) -> Result<()> {
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(commands)
+        .query_async(conn)
+        .await;
+    let Ok(redis::Value::Array(infos)) = reply else {
+        tracing::debug!("COMMAND INFO is not answered: the server's commands are not checked");
+        return Ok(());
+    };
+    let missing: Vec<&str> = commands
+        .iter()
+        .zip(&infos)
+        .filter(|(_, info)| matches!(info, redis::Value::Nil))
+        .map(|(c, _)| *c)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(justonce_core::Error::config(format!(
+        "{what} needs the command{} {} that this server does not have (renamed or disabled \
+         in its configuration, or a server older than Redis 6.2): `COMMAND INFO` answers \
+         nothing for {}",
+        if missing.len() == 1 { "" } else { "s" },
+        missing.join(", "),
+        if missing.len() == 1 { "it" } else { "them" },
+    )))
+}
+
 impl ServerSettings {
     pub(crate) async fn read(conn: &mut ConnectionManager) -> Result<Self> {
         let info: String = redis::cmd("INFO")

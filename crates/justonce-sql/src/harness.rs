@@ -38,7 +38,10 @@ pub struct OwnPostgres {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// Its programs' directory, as seen inside `root`.
     bin: PathBuf,
+    /// The root its PostgreSQL is installed in (`chroot`), when not the machine's.
+    root: Option<PathBuf>,
 }
 
 impl OwnPostgres {
@@ -73,27 +76,63 @@ impl OwnPostgres {
     pub async fn start(tls: Option<&ServerTls>) -> io::Result<Self> {
         let bin = Self::bin_dir()
             .ok_or_else(|| io::Error::other("PostgreSQL's initdb is not installed"))?;
+        Self::start_with(tls, bin, None).await
+    }
+
+    /// [`OwnPostgres::start`] without TLS, with the newest PostgreSQL installed in `root`, a
+    /// Debian root of another release (`scripts/debian13.sh`: PostgreSQL 17), run with
+    /// `chroot` as the root's `postgres` user, its directory in the root's own `/tmp`.
+    pub async fn start_in(root: &Path) -> io::Result<Self> {
+        let newest = std::fs::read_dir(root.join("usr/lib/postgresql"))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .max()
+            .ok_or_else(|| {
+                io::Error::other(format!("no PostgreSQL is installed in {}", root.display()))
+            })?;
+        let bin = PathBuf::from(format!("/usr/lib/postgresql/{newest}/bin"));
+        Self::start_with(None, bin, Some(root.to_owned())).await
+    }
+
+    async fn start_with(
+        tls: Option<&ServerTls>,
+        bin: PathBuf,
+        root: Option<PathBuf>,
+    ) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let dir = tempfile::Builder::new().prefix("justonce-pg-").tempdir()?;
+        let dir = match &root {
+            Some(root) => tempfile::Builder::new()
+                .prefix("justonce-pg-")
+                .tempdir_in(root.join("tmp"))?,
+            None => tempfile::Builder::new().prefix("justonce-pg-").tempdir()?,
+        };
+        let root_ref = root.as_deref();
+        // Paths as the server's programs see them.
+        let inside = |p: &Path| match root_ref {
+            Some(r) => Path::new("/").join(p.strip_prefix(r).unwrap_or(p)),
+            None => p.to_owned(),
+        };
         let data = dir.path().join("data");
         let pwfile = dir.path().join("pw");
         std::fs::write(&pwfile, PASSWORD)?;
-        hand_over(dir.path())?;
-        hand_over(&pwfile)?;
+        hand_over(root_ref, &inside(dir.path()))?;
+        hand_over(root_ref, &inside(&pwfile))?;
+        let (data_in, pwfile_in) = (inside(&data), inside(&pwfile));
         run(
+            root_ref,
             &bin,
             "initdb",
             &[
                 "-D".as_ref(),
-                data.as_os_str(),
+                data_in.as_os_str(),
                 "-U".as_ref(),
                 "postgres".as_ref(),
                 "--auth-local=trust".as_ref(),
                 "--auth-host=scram-sha-256".as_ref(),
                 "--pwfile".as_ref(),
-                pwfile.as_os_str(),
+                pwfile_in.as_os_str(),
                 "--no-sync".as_ref(),
                 "-E".as_ref(),
                 "UTF8".as_ref(),
@@ -103,7 +142,7 @@ impl OwnPostgres {
         let mut conf = format!(
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n",
-            dir.path().display()
+            inside(dir.path()).display()
         );
         let mut hba = "local all all trust\n".to_owned();
         match tls {
@@ -115,7 +154,7 @@ impl OwnPostgres {
                 ] {
                     let path = data.join(to);
                     std::fs::copy(from, &path)?;
-                    hand_over(&path)?;
+                    hand_over(root_ref, &inside(&path))?;
                 }
                 conf.push_str(
                     "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
@@ -141,6 +180,7 @@ impl OwnPostgres {
             port,
             dir,
             bin,
+            root,
         };
         server.spawn().await?;
         if tls.is_some() {
@@ -169,9 +209,11 @@ impl OwnPostgres {
 
     /// Runs `sql` as the superuser, over the server's Unix socket.
     pub async fn psql(&self, sql: &str) -> io::Result<()> {
-        let socket = self.dir.path().as_os_str();
+        let socket = self.inside(self.dir.path());
+        let socket = socket.as_os_str();
         let port = self.port.to_string();
         run(
+            self.root.as_deref(),
             &self.bin,
             "psql",
             &[
@@ -192,10 +234,18 @@ impl OwnPostgres {
         .await
     }
 
+    /// `path` as the server's programs see it: under the root, without the root's prefix.
+    fn inside(&self, path: &Path) -> PathBuf {
+        match &self.root {
+            Some(root) => Path::new("/").join(path.strip_prefix(root).unwrap_or(path)),
+            None => path.to_owned(),
+        }
+    }
+
     async fn spawn(&mut self) -> io::Result<()> {
-        let data = self.dir.path().join("data");
+        let data = self.inside(&self.dir.path().join("data"));
         let log = std::fs::File::create(self.dir.path().join("postgres.log"))?;
-        let child = command(&self.bin, "postgres")
+        let child = command(self.root.as_deref(), &self.bin, "postgres")
             .arg("-D")
             .arg(&data)
             .stdout(Stdio::null())
@@ -205,7 +255,7 @@ impl OwnPostgres {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let ready = command(&self.bin, "pg_isready")
+            let ready = command(self.root.as_deref(), &self.bin, "pg_isready")
                 .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
                 .status()
                 .await
@@ -241,6 +291,18 @@ impl Drop for OwnPostgres {
         if let Some(c) = self.child.as_mut() {
             let _ = c.start_kill();
         }
+        // A postmaster that `pg_ctl restart` started (the lab's db-restart fault) is not the
+        // child: its pid file names it. SIGQUIT is an immediate shutdown.
+        let pid = std::fs::read_to_string(self.dir.path().join("data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next()?.trim().parse::<u32>().ok());
+        if let Some(pid) = pid {
+            let _ = std::process::Command::new("kill")
+                .args(["-QUIT", &pid.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 
@@ -250,8 +312,16 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
-/// A PostgreSQL program; under root, as the `postgres` user.
-fn command(bin: &Path, program: &str) -> Command {
+/// A PostgreSQL program; under root, as the `postgres` user; in `root` (`chroot`, as that
+/// root's `postgres` user) when given.
+fn command(root: Option<&Path>, bin: &Path, program: &str) -> Command {
+    if let Some(root) = root {
+        let mut c = Command::new("chroot");
+        c.arg(root)
+            .args(["runuser", "-u", "postgres", "--"])
+            .arg(bin.join(program));
+        return c;
+    }
     if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(bin.join(program));
@@ -261,8 +331,13 @@ fn command(bin: &Path, program: &str) -> Command {
     }
 }
 
-async fn run(bin: &Path, program: &str, args: &[&std::ffi::OsStr]) -> io::Result<()> {
-    let out = command(bin, program).args(args).output().await?;
+async fn run(
+    root: Option<&Path>,
+    bin: &Path,
+    program: &str,
+    args: &[&std::ffi::OsStr],
+) -> io::Result<()> {
+    let out = command(root, bin, program).args(args).output().await?;
     if !out.status.success() {
         return Err(io::Error::other(format!(
             "{program} failed ({}): {}",
@@ -273,12 +348,16 @@ async fn run(bin: &Path, program: &str, args: &[&std::ffi::OsStr]) -> io::Result
     Ok(())
 }
 
-/// Under root, gives `path` to the `postgres` user, who runs the server.
-fn hand_over(path: &Path) -> io::Result<()> {
+/// Under root, gives `path` to the `postgres` user, who runs the server: the one of `root`
+/// (and `path` as seen inside it) when given.
+fn hand_over(root: Option<&Path>, path: &Path) -> io::Result<()> {
     if !is_root() {
         return Ok(());
     }
-    let out = std::process::Command::new("chown")
+    let mut chown = std::process::Command::new("chroot");
+    chown.arg(root.unwrap_or(Path::new("/")));
+    let out = chown
+        .arg("chown")
         .arg("postgres:postgres")
         .arg(path)
         .output()?;

@@ -2,7 +2,6 @@
 //! and black holes, broker and database restarts, and the schema fault.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use justonce::backend::{StoreKind, TransportKind};
 use super::proxy::{through, FaultProxy};
 use super::supervisor::Worker;
 use super::{FaultClass, FaultCounts};
+use crate::local::{PgServer, RabbitNode};
 
 /// The fault proxies of a scenario: in front of the broker and in front of the database
 /// (none where the backend has no server: SQLite).
@@ -100,6 +100,7 @@ impl FaultClass {
         busy: &Arc<AtomicUsize>,
         lease: Duration,
         own_broker: Option<&mut OwnBroker>,
+        restarts: &Restarts,
         rng: &mut fastrand::Rng,
         counts: &mut FaultCounts,
     ) -> String {
@@ -175,13 +176,13 @@ impl FaultClass {
                     }
                     return format!("{} restart (SIGKILL)", server.name());
                 }
-                if rabbitmq_restart().await {
+                if restarts.broker().await {
                     counts.broker_restarts += 1;
                 }
                 "broker restart".into()
             }
             FaultClass::DbRestart => {
-                if pg_restart().await {
+                if restarts.databases().await {
                     counts.db_restarts += 1;
                 }
                 "db restart".into()
@@ -291,55 +292,81 @@ fn timed(
     });
 }
 
-/// `rabbitmqctl stop_app`, 2 s, `start_app`, on a blocking thread: a lab interrupted
-/// meanwhile still starts the app again (the runtime waits for blocking work as it shuts
-/// down), so the machine's broker is never left stopped.
-async fn rabbitmq_restart() -> bool {
-    tokio::task::spawn_blocking(|| {
-        let run = |action: &str| {
-            std::process::Command::new("rabbitmqctl")
-                .arg(action)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let stopped = run("stop_app");
-        std::thread::sleep(Duration::from_secs(2));
-        let started = run("start_app");
-        stopped && started
-    })
-    .await
-    .unwrap_or(false)
+/// The servers the restart faults act on, found before the run from the URLs: the RabbitMQ
+/// node the transport URL names, and the PostgreSQL servers the transport and store URLs
+/// name ([`crate::local`]: by the port they listen on, never the machine's defaults). A run
+/// that would fire a restart it has no server for does not start.
+#[derive(Debug, Default)]
+pub(crate) struct Restarts {
+    broker: Option<RabbitNode>,
+    databases: Vec<PgServer>,
 }
 
-/// Restarts the local PostgreSQL cluster; starts it if the restart failed midway.
-async fn pg_restart() -> bool {
-    tokio::task::spawn_blocking(|| {
-        let version = std::fs::read_dir("/etc/postgresql")
-            .ok()
-            .and_then(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .max()
-            })
-            .unwrap_or_else(|| "15".into());
-        let run = |action: &str| {
-            std::process::Command::new("pg_ctlcluster")
-                .args(["--skip-systemctl-redirect", &version, "main", action])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let ok = run("restart");
-        if !ok {
-            run("start");
+impl Restarts {
+    pub(crate) async fn resolve(
+        fired: &[FaultClass],
+        transport: (TransportKind, &str),
+        store: (StoreKind, &str),
+        own_broker: bool,
+    ) -> anyhow::Result<Self> {
+        let mut restarts = Restarts::default();
+        if fired.contains(&FaultClass::BrokerRestart)
+            && transport.0 == TransportKind::Amqp
+            && !own_broker
+        {
+            let why = "the broker-restart fault restarts the RabbitMQ node the transport URL \
+                       names, and cannot reach it";
+            let node = RabbitNode::find(transport.1).context(why)?;
+            // Its own rabbitmqctl answers, and the node says it listens on that port.
+            node.facts().await.context(why)?;
+            restarts.broker = Some(node);
         }
-        ok
-    })
-    .await
-    .unwrap_or(false)
+        if fired.contains(&FaultClass::DbRestart) {
+            let urls = [
+                (transport.0 == TransportKind::Postgres).then_some(transport.1),
+                (store.0 == StoreKind::Postgres).then_some(store.1),
+            ];
+            for url in urls.into_iter().flatten() {
+                let server = PgServer::find(url).context(
+                    "the db-restart fault restarts the PostgreSQL server a URL names, and \
+                     cannot reach it",
+                )?;
+                if !restarts.databases.iter().any(|d| d.data == server.data) {
+                    restarts.databases.push(server);
+                }
+            }
+        }
+        Ok(restarts)
+    }
+
+    /// `stop_app`, 2 s, `start_app` on the transport's node.
+    async fn broker(&self) -> bool {
+        let Some(node) = &self.broker else {
+            return false;
+        };
+        match node.restart_app(Duration::from_secs(2)).await {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("lab: the broker restart of {} failed: {e:#}", node.name);
+                false
+            }
+        }
+    }
+
+    /// Restarts each database server (started again if a restart stops midway).
+    async fn databases(&self) -> bool {
+        let mut all = !self.databases.is_empty();
+        for db in &self.databases {
+            if let Err(e) = db.restart().await {
+                eprintln!(
+                    "lab: the database restart ({}) failed: {e:#}",
+                    db.describe()
+                );
+                all = false;
+            }
+        }
+        all
+    }
 }
 
 /// The fault proxy in front of the lab's own tansu, made before it: a Kafka client connects

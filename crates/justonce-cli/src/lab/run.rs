@@ -11,7 +11,7 @@ use justonce::sql::{MySqlStore, PgStore, SqliteStore};
 use justonce::{OutboxStore, Semantics};
 use tokio::sync::mpsc;
 
-use super::faults::{proxied, LabTransport, Proxies, SchemaFault};
+use super::faults::{proxied, LabTransport, Proxies, Restarts, SchemaFault};
 use super::plot::Samples;
 use super::protocol::LabPoint;
 use super::scrape::Scraped;
@@ -250,6 +250,13 @@ impl Scenario {
         })
         .await?;
         let store_url = self.store.clone().unwrap_or_else(|| in_tmp("store.db"));
+        let restarts = Restarts::resolve(
+            &self.fired(),
+            (self.t_kind, &transport),
+            (self.s_kind, &store_url),
+            own_broker.is_some(),
+        )
+        .await?;
         let tables = Tables::new(&format!("jo_lab_{run_id}"))?;
         let plan = Plan::new(self.messages, self.seed, MAX_PAYLOAD);
 
@@ -521,6 +528,7 @@ impl Scenario {
                         &busy,
                         self.lease,
                         own_broker.as_mut(),
+                        &restarts,
                         &mut rng,
                         &mut counts,
                     )

@@ -28,7 +28,7 @@ use justonce::Message;
 use serde::Serialize;
 use tokio::process::Command;
 
-use super::faults::{proxied, LabTransport, Proxies, SchemaFault};
+use super::faults::{proxied, LabTransport, Proxies, Restarts, SchemaFault};
 use super::supervisor::{tails, Worker};
 use super::{FaultClass, FaultCounts, LabArgs};
 use crate::bus::Bus;
@@ -264,6 +264,13 @@ impl<'a> UserLab<'a> {
             self.transport.clone()
         })
         .await?;
+        let restarts = Restarts::resolve(
+            &self.faults,
+            (self.t_kind, &transport),
+            (self.s_kind, &self.store),
+            own_broker.is_some(),
+        )
+        .await?;
         let effects = Effects::connect(&self.store, self.s_kind)
             .await
             .context("the lab cannot reach the store for --effects-sql")?;
@@ -399,6 +406,7 @@ impl<'a> UserLab<'a> {
                         &busy,
                         args.lease(),
                         own_broker.as_mut(),
+                        &restarts,
                         &mut rng,
                         &mut counts,
                     )

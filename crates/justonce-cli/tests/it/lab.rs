@@ -1,6 +1,7 @@
 //! `justonce lab` end to end: real worker processes under real faults, and a checker that
-//! passes effectively-once and fails the weaker semantics. Broker and database restarts are
-//! left to the matrix in `.ci/run`, which runs alone: here other tests share the services.
+//! passes effectively-once and fails the weaker semantics. Broker and database restarts of
+//! the shared services are left to the matrix in `.ci/run`, which runs alone: here other
+//! tests share them (`own_servers.rs` restarts servers of its own).
 
 use std::process::Command;
 

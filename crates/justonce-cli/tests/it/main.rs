@@ -11,6 +11,7 @@ mod lab;
 mod logs;
 mod metrics;
 mod outbox;
+mod own_servers;
 mod secrets;
 mod tls;
 mod tool;

@@ -278,10 +278,14 @@ async fn declare_consumer(stream: &stream::Stream, opts: &NatsOptions) -> Result
         );
         return Ok(have_limits);
     }
-    let update = consumer::pull::Config {
+    // Only the limits justonce sets change: what else the consumer has (a description,
+    // metadata, the `_nats.*` keys NATS 2.11 writes) is sent back as it was, and never
+    // compared.
+    let update = consumer::Config {
+        ack_wait: want.ack_wait,
+        max_deliver: want.max_deliver,
         max_ack_pending: have.max_ack_pending.max(want.max_ack_pending),
-        filter_subject: have.filter_subject.clone(),
-        ..want
+        ..have
     };
     // On 2.9 a create of an existing durable updates what may change.
     stream

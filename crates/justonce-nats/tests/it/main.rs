@@ -478,3 +478,64 @@ async fn a_batch_held_across_a_restart_is_acked_at_once_on_nats_2_10() {
     assert!(server.version().await.unwrap().contains("v2.10"));
     a_batch_held_across_a_restart_is_acked_at_once(server).await;
 }
+
+/// A consumer whose limits differ from the options is updated in those limits only: what
+/// others set on it (here a description; likewise metadata, where NATS 2.11 also writes
+/// `_nats.*` keys of its own) is sent back as it was, and nothing but the keys justonce
+/// sets is compared.
+async fn an_update_changes_only_the_limits_justonce_sets(url: &str) {
+    let o = opts("kept", 1000);
+    let first = NatsStream::connect(url, o.clone()).await.unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+    let stream = js.get_stream(&o.stream).await.unwrap();
+    let mut config = stream
+        .consumer_info(&o.consumer)
+        .await
+        .unwrap()
+        .config
+        .clone();
+    config.description = Some("owned by billing".into());
+    stream
+        .create_consumer(config)
+        .await
+        .expect("the consumer is updated by hand");
+    let q = NatsStream::connect(url, o.clone().lease(Duration::from_millis(2000)))
+        .await
+        .unwrap();
+    let after = stream
+        .consumer_info(&o.consumer)
+        .await
+        .unwrap()
+        .config
+        .clone();
+    assert_eq!(
+        after.ack_wait,
+        Duration::from_millis(2000),
+        "the lease is updated"
+    );
+    assert_eq!(
+        after.description.as_deref(),
+        Some("owned by billing"),
+        "what justonce does not set is kept"
+    );
+    drop(first);
+    q.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_changes_only_the_limits_justonce_sets_on_nats_2_9() {
+    let Some(url) = url() else { return };
+    an_update_changes_only_the_limits_justonce_sets(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_changes_only_the_limits_justonce_sets_on_nats_2_10() {
+    let Some(root) = justonce_test::debian13_root() else {
+        return;
+    };
+    let server = OwnServer::start_in(&root, 1 << 20)
+        .await
+        .expect("nats-server from Debian 13's root starts");
+    assert!(server.version().await.unwrap().contains("v2.10"));
+    an_update_changes_only_the_limits_justonce_sets(&server.url()).await;
+}

@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 
 use crate::connection;
 use crate::error::redis;
-use crate::server::ServerSettings;
+use crate::server::{require_commands, ServerSettings, STREAM_COMMANDS};
 use admin::{create_group, must_exist};
 use codec::Fields;
 pub use options::{RedisStreamOptions, StartAt};
@@ -170,6 +170,7 @@ impl RedisStream {
         }
         let client = connection::client(url)?;
         let mut conn = connection::open(url, opts.response_timeout).await?;
+        require_commands(&mut conn, "a Redis stream", STREAM_COMMANDS).await?;
         let scripts = Scripts {
             ready: Script::new(include_str!("../lua/stream_ready.lua")),
             settle: Script::new(include_str!("../lua/stream_settle.lua")),

@@ -5,6 +5,7 @@
 mod proxy;
 mod server;
 mod tls;
+mod versions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -623,6 +624,33 @@ mod stream {
         (0..n)
             .map(|i| Message::new("5").with_id(format!("{prefix}-{i}")).unwrap())
             .collect()
+    }
+
+    /// A server without a command the stream's scripts send (here `XAUTOCLAIM`, renamed
+    /// away as a managed service may; a server older than Redis 6.2 lacks it) is refused at
+    /// connect, by name, from what `COMMAND INFO` says, not its version; the same server
+    /// with it connects.
+    #[tokio::test]
+    async fn a_server_without_a_command_the_stream_sends_is_refused_at_connect_by_name() {
+        let Some(server) = crate::server::own(&["--rename-command", "XAUTOCLAIM", ""]).await else {
+            return;
+        };
+        let Err(e) =
+            RedisStream::connect(&server.url(), opts(&unique_name("jo-cmd"), "c", 300)).await
+        else {
+            panic!("a server without XAUTOCLAIM is refused");
+        };
+        assert_eq!(e.kind(), justonce_core::ErrorKind::Config, "{e}");
+        assert!(
+            e.to_string().contains("needs the command XAUTOCLAIM"),
+            "{e}"
+        );
+        let Some(full) = crate::server::own(&[]).await else {
+            return;
+        };
+        RedisStream::connect(&full.url(), opts(&unique_name("jo-cmd"), "c", 300))
+            .await
+            .expect("a server with every command connects");
     }
 
     /// A worker that dies holding entries, restarted under its name, takes them back at

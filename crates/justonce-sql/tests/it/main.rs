@@ -9,6 +9,8 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
+#[cfg(feature = "postgres")]
+mod versions;
 
 /// Built without a backend's feature, its tests are not compiled: say so, and fail where
 /// services are required.
