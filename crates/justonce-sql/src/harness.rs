@@ -400,18 +400,57 @@ impl OwnMariaDb {
     pub async fn start(tls: Option<&ServerTls>) -> io::Result<Self> {
         let install = which("mariadb-install-db")
             .ok_or_else(|| io::Error::other("mariadb-install-db is not installed"))?;
+        Self::start_with(tls, None, install).await
+    }
+
+    /// [`OwnMariaDb::start`] without TLS, with the MariaDB installed in `root`, a Debian
+    /// root of another release (`scripts/debian13.sh`: MariaDB 11.8), run with `chroot`,
+    /// its directory in the root's own `/tmp`. Its compiled-in defaults apply (no
+    /// configuration file is read).
+    pub async fn start_in(root: &Path) -> io::Result<Self> {
+        Self::start_with(
+            None,
+            Some(root),
+            PathBuf::from("/usr/bin/mariadb-install-db"),
+        )
+        .await
+    }
+
+    async fn start_with(
+        tls: Option<&ServerTls>,
+        root: Option<&Path>,
+        install: PathBuf,
+    ) -> io::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let dir = tempfile::Builder::new()
-            .prefix("justonce-mariadb-")
-            .tempdir()?;
-        let data = dir.path().join("data");
+        let dir = match root {
+            Some(root) => tempfile::Builder::new()
+                .prefix("justonce-mariadb-")
+                .tempdir_in(root.join("tmp"))?,
+            None => tempfile::Builder::new()
+                .prefix("justonce-mariadb-")
+                .tempdir()?,
+        };
+        // Paths as the server's programs see them.
+        let inside = |p: &Path| match root {
+            Some(r) => Path::new("/").join(p.strip_prefix(r).unwrap_or(p)),
+            None => p.to_owned(),
+        };
+        let program = |name: &Path| match root {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg(name);
+                c
+            }
+            None => Command::new(name),
+        };
+        let data = inside(&dir.path().join("data"));
         // A temporary directory of its own: two bootstraps at once in /tmp collide on
         // their temporary tables ("Could not remove temporary table").
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir(&tmp)?;
-        let out = Command::new(install)
+        std::fs::create_dir(dir.path().join("tmp"))?;
+        let tmp = inside(&dir.path().join("tmp"));
+        let out = program(&install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
             .arg(format!("--tmpdir={}", tmp.display()))
@@ -434,8 +473,8 @@ impl OwnMariaDb {
             format!("--datadir={}", data.display()),
             format!("--port={port}"),
             "--bind-address=127.0.0.1".into(),
-            format!("--socket={}", dir.path().join("sock").display()),
-            format!("--pid-file={}", dir.path().join("pid").display()),
+            format!("--socket={}", inside(&dir.path().join("sock")).display()),
+            format!("--pid-file={}", inside(&dir.path().join("pid")).display()),
             format!("--tmpdir={}", tmp.display()),
             "--user=root".into(),
             "--skip-name-resolve".into(),
@@ -447,7 +486,7 @@ impl OwnMariaDb {
             args.push(format!("--ssl-ca={}", tls.client_ca.display()));
         }
         let log = std::fs::File::create(dir.path().join("mariadb.log"))?;
-        let child = Command::new("/usr/sbin/mariadbd")
+        let child = program(Path::new("/usr/sbin/mariadbd"))
             .args(&args)
             .stdout(Stdio::null())
             .stderr(log)

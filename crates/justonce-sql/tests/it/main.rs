@@ -9,7 +9,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", feature = "mysql"))]
 mod versions;
 
 /// Built without a backend's feature, its tests are not compiled: say so, and fail where
