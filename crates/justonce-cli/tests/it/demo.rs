@@ -10,7 +10,7 @@ fn demo(args: &[&str]) -> std::process::Output {
         .expect("the justonce binary runs")
 }
 
-fn json_demo(args: &[&str]) -> Value {
+pub(crate) fn json_demo(args: &[&str]) -> Value {
     let out = demo(&[&["--json", "--lease-ms", "300"], args].concat());
     assert!(
         out.status.success(),
@@ -20,7 +20,7 @@ fn json_demo(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
 }
 
-fn row<'a>(report: &'a Value, semantics: &str) -> &'a Value {
+pub(crate) fn row<'a>(report: &'a Value, semantics: &str) -> &'a Value {
     report["rows"]
         .as_array()
         .unwrap()
@@ -29,7 +29,7 @@ fn row<'a>(report: &'a Value, semantics: &str) -> &'a Value {
         .unwrap()
 }
 
-fn n(v: &Value, key: &str) -> u64 {
+pub(crate) fn n(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
         .unwrap_or_else(|| panic!("{key} is not a count in {v}"))

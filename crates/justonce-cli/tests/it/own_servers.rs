@@ -153,3 +153,58 @@ async fn the_lab_restarts_the_rabbitmq_node_and_the_postgres_cluster_its_urls_na
         the_lab_restarts(&node, &pg, "RabbitMQ 4.0, PostgreSQL 17").await;
     }
 }
+
+/// The demo's contract on Debian 13's servers, each of the test's own, run in the root:
+/// RabbitMQ 4.0 (every deprecated feature denied) with PostgreSQL 17, NATS 2.10 with
+/// MariaDB 11.8, and Valkey 8.1 as the transport and the store. Effectively-once loses and
+/// doubles nothing, at-least-once doubles, counted from the business tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_keeps_its_contract_on_debian_13_s_servers() {
+    use crate::demo::{json_demo, n, row};
+    use justonce_sql::harness::OwnMariaDb;
+    let Some(root) = justonce_test::debian13_root() else {
+        return;
+    };
+    let (rabbit, pg, nats, maria, valkey) = tokio::join!(
+        Cluster::start_in(&root, 1),
+        OwnPostgres::start_in(&root),
+        justonce_nats::harness::OwnServer::start_in(&root, 1 << 20),
+        OwnMariaDb::start_in(&root),
+        justonce_redis::harness::OwnServer::start_in(&root, "valkey-server", &[]),
+    );
+    let (rabbit, pg, nats, maria, valkey) = (
+        rabbit.unwrap(),
+        pg.unwrap(),
+        nats.unwrap(),
+        maria.unwrap(),
+        valkey.unwrap(),
+    );
+    let runs = [
+        ("RabbitMQ 4.0 + PostgreSQL 17", rabbit.url(0), pg.url("")),
+        ("NATS 2.10 + MariaDB 11.8", nats.url(), maria.url("")),
+        ("Valkey 8.1", valkey.url(), valkey.url()),
+    ];
+    for (what, transport, store) in runs {
+        let r = tokio::task::spawn_blocking(move || {
+            json_demo(&[
+                "--transport",
+                &transport,
+                "--store",
+                &store,
+                "--messages",
+                "1000",
+                "--seed",
+                "5",
+            ])
+        })
+        .await
+        .unwrap();
+        let eo = row(&r, "effectively-once");
+        assert_eq!(n(eo, "lost"), 0, "{what}: {eo}");
+        assert_eq!(n(eo, "duplicate_effects"), 0, "{what}: {eo}");
+        assert!(n(eo, "deliveries") > n(eo, "sent"), "{what}: {eo}");
+        let alo = row(&r, "at-least-once");
+        assert_eq!(n(alo, "lost"), 0, "{what}: {alo}");
+        assert!(n(alo, "duplicate_effects") > 0, "{what}: {alo}");
+    }
+}
