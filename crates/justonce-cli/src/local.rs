@@ -231,12 +231,17 @@ fn run_to_end(mut cmd: Command, what: &str) -> anyhow::Result<String> {
     judge(out, what)
 }
 
+/// Its output, or an error with the first line of its standard error only: `rabbitmqctl`
+/// goes on with diagnostics that include a hash of the Erlang cookie, which stays out of
+/// our messages.
 fn judge(out: std::process::Output, what: &str) -> anyhow::Result<String> {
     if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().map(str::trim).find(|l| !l.is_empty());
         bail!(
             "{what} failed ({}): {}",
             out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            first.unwrap_or("no message")
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
