@@ -52,12 +52,14 @@ pub(crate) enum FaultClass {
     /// the broker sends arrives and what the workers send (acks, heartbeats) is held, then
     /// lost when the connection is cut at its end.
     Partition,
-    /// RabbitMQ `stop_app`, 2 s, `start_app`; on Redis, NATS and Kafka, a SIGKILL of the
+    /// RabbitMQ `stop_app`, 2 s, `start_app` of the node the URL names (`crate::local`);
+    /// on Redis, NATS and Kafka, a SIGKILL of the
     /// lab's own server (a `redis-server` with `appendonly yes`, `appendfsync always`, a
     /// `nats-server`, a tansu; never the machine's), 2 s, and a start on the same port and
     /// directory.
     BrokerRestart,
-    /// `pg_ctlcluster … restart` of PostgreSQL.
+    /// A restart of each PostgreSQL server the URLs name (`pg_ctlcluster`, or its own
+    /// `pg_ctl`).
     DbRestart,
     /// The accounts table renamed away for 4 s, then back: a deploy whose migration has not
     /// run. Every worker must pause and resume by itself, dead-lettering nothing.
