@@ -69,11 +69,41 @@ async fn send(
 
 async fn confirmed(i: &Inner, subject: &str, ack: PublishAckFuture) -> Result<()> {
     let a = ack.await.map_err(|e| error::publish(subject, e))?;
+    counted(i, &a);
+    Ok(())
+}
+
+/// Waits for `ack` until `deadline` (its send, plus the request timeout), not for a full
+/// timeout from the moment it is awaited: a batch whose PubAcks were lost to a server
+/// restart answers once, within a timeout of its last send, instead of a timeout per
+/// message one after another (250 messages: 21 minutes).
+async fn confirmed_by(
+    i: &Inner,
+    subject: &str,
+    ack: PublishAckFuture,
+    deadline: tokio::time::Instant,
+) -> Result<()> {
+    use std::future::IntoFuture as _;
+    let a = match tokio::time::timeout_at(deadline, ack.into_future()).await {
+        Ok(a) => a.map_err(|e| error::publish(subject, e))?,
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "no PubAck for a publish to `{subject}` in time: it may or may not be stored"
+                ),
+            ))
+        }
+    };
+    counted(i, &a);
+    Ok(())
+}
+
+fn counted(i: &Inner, a: &async_nats::jetstream::publish::PublishAck) {
     if a.duplicate {
         i.duplicates.fetch_add(1, Ordering::Relaxed);
         debug!(stream = %a.stream, seq = a.sequence, "the server already had this message id: a duplicate publish, dropped");
     }
-    Ok(())
 }
 
 #[async_trait]
@@ -83,32 +113,30 @@ impl Publisher for NatsStream {
     }
 
     /// Sends every message, keeping up to 512 PubAcks outstanding, and waits for
-    /// every one. On an error some may be stored: publish the batch again, and the
-    /// server drops the ids it has.
+    /// every one, each until the request timeout after its own send. The first PubAck
+    /// that fails (or does not come) ends the batch: on an error some may be stored:
+    /// publish the batch again, and the server drops the ids it has.
     async fn publish_batch(&self, messages: &[Message]) -> Result<()> {
         let i = &self.inner;
         for m in messages {
             fits(i, m)?;
         }
         let subject = &i.opts.subject;
+        let wait = i.opts.request_timeout;
         let mut acks = std::collections::VecDeque::with_capacity(messages.len().min(WINDOW));
-        let mut first_error = None;
         for m in messages {
             if acks.len() == WINDOW {
-                if let Some(ack) = acks.pop_front() {
-                    if let Err(e) = confirmed(i, subject, ack).await {
-                        first_error.get_or_insert(e);
-                    }
+                if let Some((ack, deadline)) = acks.pop_front() {
+                    confirmed_by(i, subject, ack, deadline).await?;
                 }
             }
             let (headers, payload) = codec::encode(m);
-            acks.push_back(send(i, subject, headers, payload).await?);
+            let ack = send(i, subject, headers, payload).await?;
+            acks.push_back((ack, tokio::time::Instant::now() + wait));
         }
-        for ack in acks {
-            if let Err(e) = confirmed(i, subject, ack).await {
-                first_error.get_or_insert(e);
-            }
+        for (ack, deadline) in acks {
+            confirmed_by(i, subject, ack, deadline).await?;
         }
-        first_error.map_or(Ok(()), Err)
+        Ok(())
     }
 }

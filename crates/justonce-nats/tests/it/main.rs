@@ -539,3 +539,60 @@ async fn an_update_changes_only_the_limits_justonce_sets_on_nats_2_10() {
     assert!(server.version().await.unwrap().contains("v2.10"));
     an_update_changes_only_the_limits_justonce_sets(&server.url()).await;
 }
+
+/// A publisher sending batches while its server is SIGKILLed and started again gets an
+/// answer to every batch (stored, or an error to publish it again) within the context's
+/// timeouts: it never waits for ever. (The lab's million-order soak on NATS stopped with the
+/// publisher silent after the first broker restart.)
+async fn a_publisher_across_a_server_restart_never_hangs(mut server: OwnServer) {
+    let url = server.url();
+    let q = std::sync::Arc::new(
+        NatsStream::connect(&url, opts("pubrestart", 5000))
+            .await
+            .unwrap(),
+    );
+    let publisher = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut errors = 0u64;
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(12) {
+                let batch: Vec<Message> = (0..250).map(|i| msg(&format!("p-{n}-{i}"))).collect();
+                n += 1;
+                match tokio::time::timeout(Duration::from_secs(20), q.publish_batch(&batch)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => errors += 1,
+                    Err(_) => panic!("publish_batch {n} has not answered in 20 s"),
+                }
+            }
+            (n, errors)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.kill().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.restart().await.unwrap();
+    let (batches, errors) = publisher.await.unwrap();
+    eprintln!("{batches} batches, {errors} errors");
+    assert!(errors > 0, "the restart failed some batch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_across_a_server_restart_never_hangs_on_nats_2_9() {
+    let Some(server) = own(1 << 20).await else {
+        return;
+    };
+    a_publisher_across_a_server_restart_never_hangs(server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_across_a_server_restart_never_hangs_on_nats_2_10() {
+    let Some(root) = justonce_test::debian13_root() else {
+        return;
+    };
+    let server = OwnServer::start_in(&root, 1 << 20)
+        .await
+        .expect("nats-server from Debian 13's root starts");
+    a_publisher_across_a_server_restart_never_hangs(server).await;
+}
