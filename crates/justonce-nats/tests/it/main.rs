@@ -35,6 +35,17 @@ async fn own(max_payload: usize) -> Option<OwnServer> {
     )
 }
 
+/// A NATS 2.10 server of the test's own, from Debian 13's root; `None` (loudly) when the
+/// root is not built.
+async fn nats_2_10() -> Option<OwnServer> {
+    let root = justonce_test::debian13_root()?;
+    let server = OwnServer::start_in(&root, 1 << 20)
+        .await
+        .expect("nats-server from Debian 13's root starts");
+    assert!(server.version().await.unwrap().contains("v2.10"));
+    Some(server)
+}
+
 fn name(test: &str) -> String {
     unique_name(&format!("jo-{test}")).replace(['.', ':'], "-")
 }
@@ -469,13 +480,9 @@ async fn a_batch_held_across_a_restart_is_acked_at_once_on_nats_2_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_held_across_a_restart_is_acked_at_once_on_nats_2_10() {
-    let Some(root) = justonce_test::debian13_root() else {
+    let Some(server) = nats_2_10().await else {
         return;
     };
-    let server = OwnServer::start_in(&root, 1 << 20)
-        .await
-        .expect("nats-server from Debian 13's root starts");
-    assert!(server.version().await.unwrap().contains("v2.10"));
     a_batch_held_across_a_restart_is_acked_at_once(server).await;
 }
 
@@ -530,13 +537,9 @@ async fn an_update_changes_only_the_limits_justonce_sets_on_nats_2_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_changes_only_the_limits_justonce_sets_on_nats_2_10() {
-    let Some(root) = justonce_test::debian13_root() else {
+    let Some(server) = nats_2_10().await else {
         return;
     };
-    let server = OwnServer::start_in(&root, 1 << 20)
-        .await
-        .expect("nats-server from Debian 13's root starts");
-    assert!(server.version().await.unwrap().contains("v2.10"));
     an_update_changes_only_the_limits_justonce_sets(&server.url()).await;
 }
 
@@ -588,11 +591,8 @@ async fn a_publisher_across_a_server_restart_never_hangs_on_nats_2_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_across_a_server_restart_never_hangs_on_nats_2_10() {
-    let Some(root) = justonce_test::debian13_root() else {
+    let Some(server) = nats_2_10().await else {
         return;
     };
-    let server = OwnServer::start_in(&root, 1 << 20)
-        .await
-        .expect("nats-server from Debian 13's root starts");
     a_publisher_across_a_server_restart_never_hangs(server).await;
 }
