@@ -33,7 +33,7 @@ pub(crate) fn base(opts: &KafkaOptions) -> Result<ClientConfig> {
     for (k, v) in opts.sasl.iter().flat_map(|s| s.settings()) {
         c.set(k, v);
     }
-    // librdkafka writes its log lines to stderr itself (rdkafka 0.36 forwards none), so
+    // librdkafka's log lines bypass tracing (stderr, or the `log` crate), so
     // every broker disconnect printed `%3|…|FAIL|…` lines between a program's own. What
     // they say reaches justonce as errors (a publish's, a poll's, a connect's), so only
     // critical lines are printed unless the user asks for more with `log_level` (the
@@ -139,8 +139,13 @@ impl Seen {
 impl rdkafka::ClientContext for Seen {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         debug!(%error, reason, "librdkafka");
+        // librdkafka 2.12 reports "1/1 brokers are down" after the handshake or login
+        // that failed: the earlier error is the one that says why.
+        let generic = error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown);
         if let Ok(mut l) = self.last.lock() {
-            *l = Some(reason.to_owned());
+            if !(generic && l.is_some()) {
+                *l = Some(reason.to_owned());
+            }
         }
     }
 }

@@ -60,7 +60,7 @@ pub(crate) struct Ctx(pub(crate) Arc<Shared>);
 impl ClientContext for Ctx {}
 
 impl ConsumerContext for Ctx {
-    fn pre_rebalance(&self, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let s = &self.0;
         match rebalance {
             Rebalance::Assign(tpl) => {

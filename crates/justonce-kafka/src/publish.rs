@@ -31,6 +31,7 @@ impl Client {
         self.producer
             .send(record, Timeout::After(self.opts.request_timeout))
             .await
+            .map(|d| (d.partition, d.offset))
             .map_err(|(e, _)| {
                 kafka(
                     format!("publishing to `{topic}` (unknown whether it was stored: publish it again with the same id)"),
