@@ -3,7 +3,7 @@
 //! finish the claims, settle. The fault points sit between the steps.
 
 use justonce_core::{ClaimStore, DedupStore, Delivery, Error, ErrorKind, Result, Semantics};
-use tracing::{debug, field, info_span, Instrument};
+use tracing::{debug, field, info_span, warn, Instrument};
 
 use super::{decide, BatchReport, Fate, FaultPoint, Handler, Idempotency, Inner, Settle, Slot};
 
@@ -36,18 +36,27 @@ where
             Err(failed) => failed,
         };
         let mut failed_at = 0;
+        if failed.error.kind() == ErrorKind::Busy {
+            self.contended(batch, &failed.error);
+        }
         let singly = failed.error.kind() == ErrorKind::Busy
             && batch.len() > 1
             && failed.uncounted.is_some()
             && self.opts.semantics != Semantics::AtMostOnce;
         let failed = if singly {
-            debug!(batch = batch.len(), error = %failed.error.to_chain_string(), "lock contention: the batch runs again one message per transaction");
+            debug!(
+                batch = batch.len(),
+                "lock contention: the batch runs again one message per transaction"
+            );
             let mut report = BatchReport::default();
             let mut failure = None;
             for (i, one) in batch.chunks(1).enumerate() {
                 match self.process(one).await {
                     Ok(r) => report = report.merge(r),
                     Err(f) => {
+                        if f.error.kind() == ErrorKind::Busy {
+                            self.contended(one, &f.error);
+                        }
                         failed_at = i;
                         failure = Some(f);
                         break;
@@ -74,6 +83,31 @@ where
         }
         self.give_back(rest).await;
         Err(failed.error)
+    }
+
+    /// Counts a lock conflict of `batch`, and says at warn, at most once a minute, what to do
+    /// about it: the split retry hides the cost (one transaction per message), and two
+    /// replicas on a hot set then run slower than one.
+    fn contended(&self, batch: &[Delivery], error: &Error) {
+        let Some(n) = self.instruments().lock_conflicts.note() else {
+            return;
+        };
+        let error = error.to_chain_string();
+        let consumer = self.opts.name.as_str();
+        if batch
+            .iter()
+            .any(|d| self.handler.lock_key(&d.message).is_some())
+        {
+            warn!(
+                consumer, conflicts = n, %error,
+                "lock conflicts in the store ({n} since the last line): the batches take their locks in the order of Handler::lock_key, so they meet on rows that key does not name (a second row, an index); make lock_key name the row each message locks first: docs/guide/failures.md#deadlocks-when-you-scale-out"
+            );
+        } else {
+            warn!(
+                consumer, conflicts = n, %error,
+                "lock conflicts in the store ({n} since the last line; each failed batch ran again one message per transaction): consumers that update the same rows in different orders deadlock, and replicas then run slower than one; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
+            );
+        }
     }
 
     /// [`Inner::process_batch`] in a span named after OpenTelemetry's messaging

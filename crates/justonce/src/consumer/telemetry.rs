@@ -9,7 +9,8 @@
 //! docs/guide/operations.md.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Label};
 
@@ -75,6 +76,7 @@ pub(super) struct Instruments {
     pub(super) fence_rejections: Counter,
     pub(super) breaker_open: Gauge,
     pub(super) workers_paused: Gauge,
+    pub(super) lock_conflicts: Contention,
 }
 
 impl Instruments {
@@ -105,6 +107,10 @@ impl Instruments {
             fence_rejections: metrics::counter!("justonce_fence_rejections_total", l()),
             breaker_open: metrics::gauge!("justonce_breaker_open", l()),
             workers_paused: metrics::gauge!("justonce_workers_paused", l()),
+            lock_conflicts: Contention {
+                counter: metrics::counter!("justonce_lock_conflicts_total", l()),
+                since: Mutex::new((None, 0)),
+            },
         }
     }
 
@@ -113,6 +119,35 @@ impl Instruments {
         if n > 0 {
             self.outcomes[outcome as usize].increment(n as u64);
         }
+    }
+}
+
+/// How often a consumer logs its lock conflicts at most.
+pub(super) const CONTENTION_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A consumer's lock conflicts (deadlocks, serialization failures, lock timeouts: errors
+/// of kind `Busy`): each counted, and a warning due at the first and then at most once per
+/// [`CONTENTION_LOG_EVERY`], carrying the count since the last.
+pub(super) struct Contention {
+    counter: Counter,
+    /// When the last warning was due, and the conflicts since.
+    since: Mutex<(Option<Instant>, u64)>,
+}
+
+impl Contention {
+    /// Counts one conflict; `Some(n)` when a warning is due, `n` the conflicts it reports.
+    pub(super) fn note(&self) -> Option<u64> {
+        self.counter.increment(1);
+        let mut s = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 += 1;
+        let now = Instant::now();
+        if s.0
+            .is_some_and(|t| now.duration_since(t) < CONTENTION_LOG_EVERY)
+        {
+            return None;
+        }
+        s.0 = Some(now);
+        Some(std::mem::take(&mut s.1))
     }
 }
 

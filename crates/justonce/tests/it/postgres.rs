@@ -331,3 +331,187 @@ async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering(
             .unwrap();
     }
 }
+
+/// Credits the account its payload names, records the order in a ledger, and holds its
+/// lock a while, as a handler doing more work would. It names no `Handler::lock_key`.
+struct Credit {
+    accounts: String,
+    ledger: String,
+}
+
+impl Handler<PgTx> for Credit {
+    async fn handle(&self, cx: &Context<'_>, tx: &mut PgTx) -> Result<Disposition> {
+        let account: i32 = cx.message().decode_json()?;
+        sqlx::query(&format!(
+            "UPDATE {} SET balance = balance + 1 WHERE id = $1",
+            self.accounts
+        ))
+        .bind(account)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (order_id) VALUES ($1)",
+            self.ledger
+        ))
+        .bind(cx.message().id().unwrap().as_str())
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query("SELECT pg_sleep(0.3)")
+            .execute(&mut **tx)
+            .await?;
+        Ok(Disposition::Ok)
+    }
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn deadlocks(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Two consumers on a hot pair of accounts, whose batches lock them in opposite orders,
+/// with a handler that names no `lock_key`: PostgreSQL finds the deadlock (its own count
+/// grows), a warning names `Handler::lock_key` and the guide's section, the consumers'
+/// metric counts the conflict, and every order is applied once.
+#[test]
+fn a_deadlock_between_two_consumers_is_warned_of_counted_and_every_order_applied_once() {
+    use justonce::memory::MemoryQueue;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let Some(url) = url() else { return };
+    let recorder = DebuggingRecorder::new();
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (grew, balances, ledger_rows) = tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let _one_at_a_time = RESTARTS.lock().await;
+                let pool = sqlx::PgPool::connect(&url).await.unwrap();
+                let accounts = justonce_test::unique_name("jo_accounts");
+                let ledger = justonce_test::unique_name("jo_ledger_hot");
+                for ddl in [
+                    format!("CREATE TABLE {accounts} (id int PRIMARY KEY, balance int NOT NULL)"),
+                    format!("INSERT INTO {accounts} VALUES (1, 0), (2, 0)"),
+                    format!("CREATE TABLE {ledger} (order_id text PRIMARY KEY)"),
+                ] {
+                    sqlx::query(&ddl).execute(&pool).await.unwrap();
+                }
+                let mut sopts = PgStoreOptions::default();
+                sopts.dedup_table = justonce_test::unique_name("jo_dedup_hot");
+                let store = PgStore::open_with(&url, sopts).await.unwrap();
+                let consumer = |name: &str, order: [i32; 2]| {
+                    let q = Arc::new(MemoryQueue::new(name, Duration::from_secs(30)));
+                    let msgs: Vec<Message> = order
+                        .iter()
+                        .map(|a| {
+                            Message::new(a.to_string())
+                                .with_id(format!("{name}-{a}"))
+                                .unwrap()
+                        })
+                        .collect();
+                    let mut o = ConsumerOptions::new("payments");
+                    o.batching.size = 2;
+                    o.batching.linger = Duration::ZERO;
+                    let handler = Credit {
+                        accounts: accounts.clone(),
+                        ledger: ledger.clone(),
+                    };
+                    let source: Arc<dyn Source> = q.clone();
+                    let c = Consumer::new(o, source, store.clone(), handler).unwrap();
+                    (q, msgs, c)
+                };
+                let (qa, ma, a) = consumer("a", [1, 2]);
+                let (qb, mb, b) = consumer("b", [2, 1]);
+                qa.publish_batch(&ma).await.unwrap();
+                qb.publish_batch(&mb).await.unwrap();
+                let before = deadlocks(&pool).await;
+                let (ra, rb) = tokio::join!(a.run_once(), b.run_once());
+                assert_eq!(ra.unwrap().acked + rb.unwrap().acked, 4);
+                // The server's statistics reach other sessions within a second or so.
+                let mut grew = 0;
+                for _ in 0..50 {
+                    grew = deadlocks(&pool).await - before;
+                    if grew > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let balances: Vec<i32> =
+                    sqlx::query_scalar(&format!("SELECT balance FROM {accounts} ORDER BY id"))
+                        .fetch_all(&pool)
+                        .await
+                        .unwrap();
+                let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {ledger}"))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                for t in [&accounts, &ledger] {
+                    sqlx::query(&format!("DROP TABLE {t}"))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+                (grew, balances, rows)
+            })
+        })
+    });
+    assert!(grew >= 1, "PostgreSQL counted no deadlock");
+    assert_eq!(balances, [2, 2], "each account credited once per order");
+    assert_eq!(ledger_rows, 4);
+    let conflicts: u64 = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "justonce_lock_conflicts_total")
+        .map(|(.., v)| match v {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert!(conflicts >= 1, "the metric counted no conflict");
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("lock conflicts in the store"))
+        .unwrap_or_else(|| panic!("no warning of the conflict: {logs}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("implement Handler::lock_key"), "{line}");
+    assert!(
+        line.contains("docs/guide/failures.md#deadlocks-when-you-scale-out"),
+        "{line}"
+    );
+    assert!(
+        line.contains("deadlock detected"),
+        "the server's error: {line}"
+    );
+}
