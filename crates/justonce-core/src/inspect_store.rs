@@ -119,6 +119,12 @@ pub trait InspectStore: Send + Sync {
     async fn clock(&self) -> Result<Option<SystemTime>> {
         Ok(None)
     }
+
+    /// What the store's server says of itself that an operator should know (`justonce
+    /// doctor` prints them): the SQL stores' deadlock count. None by default.
+    async fn server_checks(&self) -> Result<Vec<crate::Check>> {
+        Ok(Vec::new())
+    }
 }
 
 /// What tools read and fix in a claim store.

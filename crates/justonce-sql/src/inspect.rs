@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use justonce_core::{
-    ClaimRecord, ClaimRecordState, ConsumerRecords, DedupKey, DedupRecord, Error, ErrorKind,
+    Check, ClaimRecord, ClaimRecordState, ConsumerRecords, DedupKey, DedupRecord, Error, ErrorKind,
     Fingerprint, Result,
 };
 
@@ -19,12 +19,15 @@ use crate::dedup::DedupBackend;
 /// A dedup table's statements for tools, every column as text:
 /// - `stats`: no parameters; consumer, records, the oldest record's time in ms;
 /// - `record`: consumer, message id; fingerprint, time in ms;
-/// - `now`: no parameters; the database's clock in ms.
+/// - `now`: no parameters; the database's clock in ms;
+/// - `deadlocks`: no parameters; the deadlocks the server counted, and since when (a
+///   phrase), where the server counts them.
 #[derive(Debug)]
 pub(crate) struct InspectSql {
     pub(crate) stats: String,
     pub(crate) record: String,
     pub(crate) now: String,
+    pub(crate) deadlocks: Option<String>,
 }
 
 impl InspectSql {
@@ -49,7 +52,14 @@ impl InspectSql {
                 p[1],
             ),
             now: format!("SELECT {}", t(now_ms)),
+            deadlocks: None,
         }
+    }
+
+    /// With the statement that reads the server's deadlock count.
+    pub(crate) fn deadlocks(mut self, sql: &str) -> Self {
+        self.deadlocks = Some(sql.to_owned());
+        self
     }
 }
 
@@ -90,6 +100,50 @@ pub(crate) async fn clock<B: DedupBackend>(b: &B) -> Result<Option<SystemTime>> 
     let mut conn = b.pool().acquire().await?;
     let rows = (*conn).text_rows(&b.sql().inspect.now, &[]).await?;
     Ok(rows.first().and_then(|r| time(&r[0])))
+}
+
+/// The server's own count of deadlocks, judged: every client's, so a warning, never a
+/// failure. None where the store's server counts none (SQLite).
+pub(crate) async fn server_checks<B: DedupBackend>(b: &B) -> Result<Vec<Check>> {
+    let Some(sql) = &b.sql().inspect.deadlocks else {
+        return Ok(Vec::new());
+    };
+    let mut conn = b.pool().acquire().await?;
+    let rows = match (*conn).text_rows(sql, &[]).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            return Ok(vec![Check::warn(
+                "lock conflicts",
+                format!("the server's deadlock count could not be read: {e}"),
+                "doctor reads pg_stat_database (PostgreSQL) or information_schema.GLOBAL_STATUS \
+                 (MariaDB)",
+            )])
+        }
+    };
+    let Some(r) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let n = number(&r[0]).unwrap_or(0).max(0);
+    let since = r[1].clone().unwrap_or_default();
+    Ok(vec![if n == 0 {
+        Check::pass(
+            "lock conflicts",
+            format!("the database counted no deadlock since {since}"),
+        )
+    } else {
+        Check::warn(
+            "lock conflicts",
+            format!(
+                "the database counted {n} deadlock{} since {since} (every client's, not only \
+                 justonce's)",
+                if n == 1 { "" } else { "s" }
+            ),
+            "consumers in several processes (or with concurrency > 1) whose handlers update \
+             the same rows deadlock unless every batch takes its locks in one order: \
+             implement Handler::lock_key (docs/guide/failures.md#deadlocks-when-you-scale-out); \
+             a consumer's own are its justonce_lock_conflicts_total",
+        )
+    }])
 }
 
 pub(crate) async fn dedup_record<B: DedupBackend>(
@@ -178,6 +232,10 @@ macro_rules! impl_inspect_store {
 
             async fn clock(&self) -> justonce_core::Result<Option<std::time::SystemTime>> {
                 $crate::inspect::clock(self).await
+            }
+
+            async fn server_checks(&self) -> justonce_core::Result<Vec<justonce_core::Check>> {
+                $crate::inspect::server_checks(self).await
             }
         }
     };

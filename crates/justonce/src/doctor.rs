@@ -164,6 +164,7 @@ pub async fn check_store(url: &str, dedup_table: &str) -> Result<Vec<Check>> {
             Check::pass("store clock", format!("within {ms} ms of this machine's"))
         });
     }
+    out.extend(store.server_checks().await?);
     // What a Redis store's server keeps on disk and may evict decides whether a record
     // outlives a restart or memory pressure.
     #[cfg(feature = "redis")]

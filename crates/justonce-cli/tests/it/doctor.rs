@@ -211,3 +211,114 @@ async fn doctor_checks_the_postgres_queue_and_a_mariadb_store() {
     assert_eq!(status(&v, "dedup table", "jo_dedup exists"), "pass");
     assert_eq!(status(&v, "store clock", "within"), "pass");
 }
+
+/// Two transactions that lock rows 1 and 2 in opposite orders: the server aborts one.
+macro_rules! deadlock {
+    ($pool:expr, $table:expr, $p:literal) => {{
+        let pool = $pool;
+        let t = $table;
+        for sql in [
+            format!("CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)"),
+            format!("INSERT INTO {t} VALUES (1, 0), (2, 0)"),
+        ] {
+            sqlx::query(&sql).execute(pool).await.unwrap();
+        }
+        let update = format!("UPDATE {t} SET v = v + 1 WHERE id = {}", $p);
+        let mut a = pool.begin().await.unwrap();
+        let mut b = pool.begin().await.unwrap();
+        sqlx::query(&update).bind(1).execute(&mut *a).await.unwrap();
+        sqlx::query(&update).bind(2).execute(&mut *b).await.unwrap();
+        let (ra, rb) = tokio::join!(
+            sqlx::query(&update).bind(2).execute(&mut *a),
+            sqlx::query(&update).bind(1).execute(&mut *b)
+        );
+        assert!(ra.is_err() != rb.is_err(), "one of the two is the victim");
+        drop((a, b));
+        sqlx::query(&format!("DROP TABLE {t}"))
+            .execute(pool)
+            .await
+            .unwrap();
+    }};
+}
+
+/// The store's own deadlock count: on a database of its own, PostgreSQL's count is 0 and the
+/// check passes; after a deadlock there it warns, naming `lock_key`. MariaDB's count is the
+/// server's: after a deadlock it warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reads_the_store_s_deadlock_count_and_names_lock_key() {
+    let (Some(pg), Some(my)) = (crate::demo::postgres_url(), crate::demo::mysql_url()) else {
+        return;
+    };
+    let conflicts = |v: &Value| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["link"] == "lock conflicts")
+            .cloned()
+            .unwrap_or_else(|| panic!("no lock conflicts check: {v}"))
+    };
+    let db = format!("jo_doctor_{:08x}", fastrand::u32(..));
+    let admin = sqlx::PgPool::connect(&pg).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let (base, query) = pg.split_once('?').unwrap_or((&pg, ""));
+    let url = format!("{}/{db}?{query}", base.rsplit_once('/').unwrap().0);
+    drop(justonce::sql::PgStore::open(&url).await.unwrap());
+    let (v, _) = doctor(&["--transport", &pg, "--store", &url]);
+    let quiet = conflicts(&v);
+    {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        deadlock!(&pool, "jo_hot", "$1");
+        pool.close().await;
+    }
+    // The statistics reach other sessions within a second or so.
+    let mut after = Value::Null;
+    for _ in 0..30 {
+        after = conflicts(&doctor(&["--transport", &pg, "--store", &url]).0);
+        if after["status"] == "warn" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    assert_eq!(quiet["status"], "pass", "{quiet}");
+    assert!(
+        quiet["detail"].as_str().unwrap().contains("no deadlock"),
+        "{quiet}"
+    );
+    assert_eq!(after["status"], "warn", "{after}");
+    assert!(
+        after["detail"]
+            .as_str()
+            .unwrap()
+            .contains("counted 1 deadlock "),
+        "{after}"
+    );
+    assert!(
+        after["fix"]
+            .as_str()
+            .unwrap()
+            .contains("implement Handler::lock_key"),
+        "{after}"
+    );
+
+    justonce::sql::MySqlStore::open(&my).await.unwrap();
+    let pool = sqlx::MySqlPool::connect(&my).await.unwrap();
+    deadlock!(&pool, format!("jo_hot_{:08x}", fastrand::u32(..)), "?");
+    let (v, _) = doctor(&["--transport", &pg, "--store", &my]);
+    let c = conflicts(&v);
+    assert_eq!(c["status"], "warn", "{c}");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap()
+            .contains("since the server started"),
+        "{c}"
+    );
+}

@@ -474,5 +474,9 @@ fn literal(s: &str) -> String {
 fn pg_inspect(t: &str) -> InspectSql {
     let ms = "(EXTRACT(EPOCH FROM processed_at) * 1000)::bigint";
     let now = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint";
-    InspectSql::new(t, ms, "({})::text", ["$1", "$2"], now)
+    InspectSql::new(t, ms, "({})::text", ["$1", "$2"], now).deadlocks(
+        "SELECT deadlocks::text, COALESCE('its statistics were reset at ' || \
+         date_trunc('second', stats_reset)::text, 'it keeps statistics') \
+         FROM pg_stat_database WHERE datname = current_database()",
+    )
 }
