@@ -57,6 +57,7 @@ impl InspectSql {
     }
 
     /// With the statement that reads the server's deadlock count.
+    #[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
     pub(crate) fn deadlocks(mut self, sql: &str) -> Self {
         self.deadlocks = Some(sql.to_owned());
         self

@@ -2,7 +2,11 @@
 //! the claims, run the passes in one transaction, ack inside it, commit, tell the observer,
 //! finish the claims, settle. The fault points sit between the steps.
 
+use std::sync::Mutex;
+use std::time::Duration;
+
 use justonce_core::{ClaimStore, DedupStore, Delivery, Error, ErrorKind, Result, Semantics};
+use tokio::time::Instant;
 use tracing::{debug, field, info_span, warn, Instrument};
 
 use super::{decide, BatchReport, Fate, FaultPoint, Handler, Idempotency, Inner, Settle, Slot};
@@ -32,7 +36,10 @@ where
     /// deliveries not yet counted are counted as released (lost, at-most-once).
     pub(super) async fn process_or_singly(&self, batch: &[Delivery]) -> Result<BatchReport> {
         let failed = match self.process(batch).await {
-            Ok(report) => return Ok(report),
+            Ok(report) => {
+                self.widen();
+                return Ok(report);
+            }
             Err(failed) => failed,
         };
         let mut failed_at = 0;
@@ -88,7 +95,11 @@ where
     /// Counts a lock conflict of `batch`, and says at warn, at most once a minute, what to do
     /// about it: the split retry hides the cost (one transaction per message), and two
     /// replicas on a hot set then run slower than one.
+    ///
+    /// The batches shrink at each conflict ([`Window`]).
     fn contended(&self, batch: &[Delivery], error: &Error) {
+        let size = self.opts.batching.size.max(1);
+        let window = self.window.shrink(batch.len());
         let Some(n) = self.instruments().lock_conflicts.note() else {
             return;
         };
@@ -100,14 +111,24 @@ where
         {
             warn!(
                 consumer, conflicts = n, %error,
-                "lock conflicts in the store ({n} since the last line): the batches take their locks in the order of Handler::lock_key, so they meet on rows that key does not name (a second row, an index); make lock_key name the row each message locks first: docs/guide/failures.md#deadlocks-when-you-scale-out"
+                "lock conflicts in the store ({n} since the last line; batches now take at most {window} of {size} messages, growing back as the conflicts stop): the batches take their locks in the order of Handler::lock_key, so they meet on rows that key does not name (a second row, an index); make lock_key name the row each message locks first: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         } else {
             warn!(
                 consumer, conflicts = n, %error,
-                "lock conflicts in the store ({n} since the last line; each failed batch ran again one message per transaction): consumers that update the same rows in different orders deadlock, and replicas then run slower than one; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
+                "lock conflicts in the store ({n} since the last line; each failed batch ran again one message per transaction, and batches now take at most {window} of {size} messages, growing back as the conflicts stop): consumers that update the same rows in different orders deadlock; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         }
+    }
+
+    /// How many deliveries the next batch takes.
+    pub(super) fn window(&self) -> usize {
+        self.window.get()
+    }
+
+    /// A batch committed whole.
+    fn widen(&self) {
+        self.window.widen();
     }
 
     /// [`Inner::process_batch`] in a span named after OpenTelemetry's messaging
@@ -339,4 +360,51 @@ fn live<'a>(batch: &'a [Delivery], slots: &[Slot]) -> Vec<&'a Delivery> {
         .filter(|(_, s)| !matches!(s.settle, Settle::DeadLetter(_)))
         .map(|(d, _)| d)
         .collect()
+}
+
+/// How many deliveries a consumer's batches take: the configured size, cut to a quarter
+/// (down to one) at each lock conflict, grown back by one per [`Window::GROW_EVERY`] while
+/// batches commit whole, as congestion control backs off and probes. Two batches of `b`
+/// messages among `n` hot rows share about `b * b / n` of them and deadlock when they share
+/// two in opposite orders; each deadlock costs a wait (PostgreSQL's `deadlock_timeout`,
+/// 1 s), so the window has to settle where they are rare, and grows back slowly.
+pub(super) struct Window {
+    size: usize,
+    /// The window, and when it last changed.
+    now: Mutex<(usize, Instant)>,
+}
+
+impl Window {
+    pub(super) const GROW_EVERY: Duration = Duration::from_secs(1);
+
+    pub(super) fn new(size: usize) -> Self {
+        let size = size.max(1);
+        Window {
+            size,
+            now: Mutex::new((size, Instant::now())),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, (usize, Instant)> {
+        self.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn get(&self) -> usize {
+        self.state().0
+    }
+
+    /// A lock conflict in a batch of `n`: a quarter of it (or of the window, if smaller).
+    pub(super) fn shrink(&self, n: usize) -> usize {
+        let mut s = self.state();
+        *s = ((s.0.min(n) / 4).max(1), Instant::now());
+        s.0
+    }
+
+    /// A batch committed whole: one more, if the window last changed a while ago.
+    pub(super) fn widen(&self) {
+        let mut s = self.state();
+        if s.0 < self.size && s.1.elapsed() >= Self::GROW_EVERY {
+            *s = (s.0 + 1, Instant::now());
+        }
+    }
 }

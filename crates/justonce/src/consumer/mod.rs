@@ -101,6 +101,8 @@ struct Inner<S: DedupStore, H> {
     tx_ack: Option<Arc<dyn TransactionalAck<S::Tx>>>,
     outbox: Option<Arc<dyn OutboxStore<Tx = S::Tx>>>,
     breaker: Mutex<Breaker>,
+    /// How many deliveries a batch takes now ([`batch::Window`]).
+    window: batch::Window,
     /// Registered at the first batch, so that a recorder installed before it sees them.
     instruments: OnceLock<Instruments>,
     health: Health,
@@ -230,6 +232,7 @@ where
         let backoff = ExponentialBackoff::new(opts.retry.backoff_base, opts.retry.backoff_max)
             .with_seed(opts.retry.seed);
         let breaker = Mutex::new(Breaker::new(opts.breaker.clone()));
+        let window = batch::Window::new(opts.batching.size);
         Ok(Consumer {
             inner: Arc::new(Inner {
                 source,
@@ -243,6 +246,7 @@ where
                 tx_ack: None,
                 outbox: None,
                 breaker,
+                window,
                 instruments: OnceLock::new(),
                 health: Health::default(),
             }),

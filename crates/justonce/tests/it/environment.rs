@@ -241,6 +241,41 @@ async fn a_batch_runs_in_the_order_of_its_lock_keys_keeping_the_order_of_each_ke
     );
 }
 
+/// After a lock conflict the batches take a quarter as many messages (of those the
+/// conflicting batch had), and one more a second while batches commit whole, up to the
+/// configured size.
+#[tokio::test]
+async fn a_lock_conflict_shrinks_the_batches_and_clean_batches_grow_them_back() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let msg = |p: String, id: String| Message::new(p).with_id(id).unwrap();
+    let mut first: Vec<Message> = (0..7)
+        .map(|i| msg(format!("o{i}:{i}"), format!("m{i}")))
+        .collect();
+    first.push(msg("pair:7".into(), "m7".into()));
+    q.publish_batch(&first).await.unwrap();
+    let handler = Accounts::default();
+    handler.deadlocks.store(1, Ordering::SeqCst);
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::new(options(8), source, MemoryStore::new(), handler.clone()).unwrap();
+    assert_eq!(c.run_once().await.unwrap().acked, 8);
+    let rest: Vec<Message> = (0..60)
+        .map(|i| msg(format!("r{i}:{i}"), format!("r{i}")))
+        .collect();
+    q.publish_batch(&rest).await.unwrap();
+    // One more a second: the clock is the runtime's, paused here and moved by hand.
+    tokio::time::pause();
+    let mut sizes = Vec::new();
+    for _ in 0..3 {
+        sizes.push(c.run_once().await.unwrap().received);
+    }
+    for _ in 0..8 {
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        sizes.push(c.run_once().await.unwrap().received);
+    }
+    // Each batch takes the window as it was when it was received.
+    assert_eq!(sizes, [2, 2, 2, 2, 3, 4, 5, 6, 7, 8, 8]);
+}
+
 #[tokio::test]
 async fn a_deadlocked_batch_runs_again_one_message_per_transaction_without_going_back() {
     let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
