@@ -37,7 +37,7 @@ where
     pub(super) async fn process_or_singly(&self, batch: &[Delivery]) -> Result<BatchReport> {
         let failed = match self.process(batch).await {
             Ok(report) => {
-                self.widen();
+                self.window.widen();
                 return Ok(report);
             }
             Err(failed) => failed,
@@ -119,16 +119,6 @@ where
                 "lock conflicts in the store ({n} since the last line; each failed batch ran again one message per transaction, and batches now take at most {window} of {size} messages, growing back as the conflicts stop): consumers that update the same rows in different orders deadlock; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         }
-    }
-
-    /// How many deliveries the next batch takes.
-    pub(super) fn window(&self) -> usize {
-        self.window.get()
-    }
-
-    /// A batch committed whole.
-    fn widen(&self) {
-        self.window.widen();
     }
 
     /// [`Inner::process_batch`] in a span named after OpenTelemetry's messaging

@@ -16,7 +16,7 @@ where
     H: Handler<S::Tx>,
 {
     pub(super) async fn receive_batch(&self) -> Result<Vec<Delivery>> {
-        let max = self.window();
+        let max = self.window.get();
         let mut batch = self
             .source
             .receive(max, self.opts.batching.receive_wait)

@@ -332,11 +332,12 @@ async fn a_missing_business_table_pauses_the_consumer_instead_of_dead_lettering(
     }
 }
 
-/// Credits the account its payload names, records the order in a ledger, and holds its
-/// lock a while, as a handler doing more work would. It names no `Handler::lock_key`.
+/// Credits the account its payload names, records the order in a ledger ([`Ledger`]), and
+/// holds its lock a while, as a handler doing more work would. It names no
+/// `Handler::lock_key`.
 struct Credit {
     accounts: String,
-    ledger: String,
+    ledger: Ledger,
 }
 
 impl Handler<PgTx> for Credit {
@@ -349,13 +350,7 @@ impl Handler<PgTx> for Credit {
         .bind(account)
         .execute(&mut **tx)
         .await?;
-        sqlx::query(&format!(
-            "INSERT INTO {} (order_id) VALUES ($1)",
-            self.ledger
-        ))
-        .bind(cx.message().id().unwrap().as_str())
-        .execute(&mut **tx)
-        .await?;
+        self.ledger.handle(cx, tx).await?;
         sqlx::query("SELECT pg_sleep(0.3)")
             .execute(&mut **tx)
             .await?;
@@ -443,7 +438,9 @@ fn a_deadlock_between_two_consumers_is_warned_of_counted_and_every_order_applied
                     o.batching.linger = Duration::ZERO;
                     let handler = Credit {
                         accounts: accounts.clone(),
-                        ledger: ledger.clone(),
+                        ledger: Ledger {
+                            table: ledger.clone(),
+                        },
                     };
                     let source: Arc<dyn Source> = q.clone();
                     let c = Consumer::new(o, source, store.clone(), handler).unwrap();
