@@ -57,7 +57,7 @@ pub use outbox::{
 pub use positions::{Position, Positions, PositionsIn};
 pub use semantics::{validate_consumer_name, DeadLetterReason, Disposition, Semantics};
 pub use store::{
-    validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store,
+    validate_identifier, Claim, ClaimState, ClaimStore, DedupKey, DedupStore, Finish, Store, Turn,
 };
 pub use transport::{Publisher, Source, TransactionalAck};
 pub use url::redact_url;

@@ -35,6 +35,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Undoes the writes since the last savepoint, keeping the rest of the transaction.
     async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<()>;
+
+    /// Whether [`Store::take_turn`] does anything here. `false` (the default): the store
+    /// has no lock for it, and a consumer whose batches meet lock conflicts shrinks them
+    /// instead.
+    fn takes_turns(&self) -> bool {
+        false
+    }
+
+    /// Makes `tx` take `consumer`'s turn, a lock named after the consumer held until `tx`
+    /// commits or rolls back, across processes (PostgreSQL: an advisory transaction lock).
+    /// [`Turn::Alone`] waits until no other transaction of the consumer holds it, and
+    /// returns `true`. [`Turn::Beside`] never waits: it takes the turn beside the others
+    /// that take it beside, or returns `false`, holding nothing, while one holds it alone
+    /// or waits to. A consumer's batches take it beside each other, first thing after their
+    /// claims; while they meet other replicas' batches on the same rows and deadlock, or
+    /// find another replica taking it alone, they take it alone, and run one after the
+    /// other, at full size, instead of waiting out the deadlock detector and running again.
+    /// The default does nothing and returns `true`.
+    async fn take_turn(&self, _tx: &mut Self::Tx, _consumer: &str, _turn: Turn) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// How a transaction takes its consumer's turn ([`Store::take_turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Beside the consumer's other transactions that take it beside, never beside one
+    /// that takes it alone: without waiting.
+    Beside,
+    /// Alone: while it holds the turn, no other transaction of the consumer does.
+    Alone,
 }
 
 /// A dedup key: (consumer, message id). Two consumers of one message never collide
@@ -331,6 +362,12 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> Result<()> {
         (**self).rollback_to_savepoint(tx).await
+    }
+    fn takes_turns(&self) -> bool {
+        (**self).takes_turns()
+    }
+    async fn take_turn(&self, tx: &mut Self::Tx, consumer: &str, turn: Turn) -> Result<bool> {
+        (**self).take_turn(tx, consumer, turn).await
     }
 }
 

@@ -131,6 +131,11 @@ pub(crate) trait DedupBackend: Send + Sync {
     /// The statement that opens a transaction; `None` for the database's `BEGIN`.
     const BEGIN: Option<&'static str> = None;
 
+    /// `Store::take_turn`'s statements (parameter: the consumer), a lock held to the end of
+    /// the transaction: beside, which answers 1 when it took it and 0 when it would have
+    /// waited, and alone; `None` for none.
+    const TURN: Option<[&'static str; 2]> = None;
+
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
 
     fn sql(&self) -> &DedupSql;
@@ -206,6 +211,27 @@ pub(crate) async fn begin<B: DedupBackend>(b: &B) -> Result<Tx<B>> {
 pub(crate) async fn savepoint<B: DedupBackend>(tx: &mut Tx<B>, sql: &str) -> Result<()> {
     (**tx).execute(sql, &[]).await?;
     Ok(())
+}
+
+/// Takes `consumer`'s turn with [`DedupBackend::TURN`], if the backend has one.
+pub(crate) async fn take_turn<B: DedupBackend>(
+    tx: &mut Tx<B>,
+    consumer: &str,
+    turn: justonce_core::Turn,
+) -> Result<bool> {
+    let Some([beside, alone]) = B::TURN else {
+        return Ok(true);
+    };
+    let conn = &mut **tx;
+    match turn {
+        justonce_core::Turn::Beside => {
+            Ok(conn.int(beside, &[Arg::Text(consumer)]).await? == Some(1))
+        }
+        justonce_core::Turn::Alone => {
+            conn.execute(alone, &[Arg::Text(consumer)]).await?;
+            Ok(true)
+        }
+    }
 }
 
 /// `ROLLBACK TO` keeps the savepoint open: release it, or they pile up per batch.
@@ -412,6 +438,19 @@ macro_rules! impl_dedup_store {
 
             async fn rollback_to_savepoint(&self, tx: &mut Self::Tx) -> justonce_core::Result<()> {
                 $crate::dedup::rollback_to_savepoint::<$store>(tx).await
+            }
+
+            fn takes_turns(&self) -> bool {
+                <$store as $crate::dedup::DedupBackend>::TURN.is_some()
+            }
+
+            async fn take_turn(
+                &self,
+                tx: &mut Self::Tx,
+                consumer: &str,
+                turn: justonce_core::Turn,
+            ) -> justonce_core::Result<bool> {
+                $crate::dedup::take_turn::<$store>(tx, consumer, turn).await
             }
         }
 

@@ -110,7 +110,7 @@ pub use justonce_core::{
     FailureGroup, Fingerprint, Headers, IdStrategy, Inspect, InspectClaims, InspectOutbox,
     InspectStore, Message, MessageId, OutboxFailure, OutboxMove, OutboxOwner, OutboxRow,
     OutboxStats, OutboxStore, Position, Positions, PositionsIn, Publisher, Receipt, Replay, Result,
-    Semantics, Source, StateMachine, Store, TransactionalAck, Transition,
+    Semantics, Source, StateMachine, Store, TransactionalAck, Transition, Turn,
     DEFAULT_OUTBOX_MAX_PAYLOAD,
 };
 pub use shutdown::shutdown_signal;

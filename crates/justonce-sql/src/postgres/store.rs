@@ -398,6 +398,13 @@ impl PgStore {
 impl DedupBackend for PgStore {
     type Db = Postgres;
     const NAME: &'static str = "postgres";
+    /// An advisory lock of the database, shared (tried, never waited for) or exclusive, keyed by a hash of the
+    /// consumer's name (64 bits; the prefix keeps it apart from the partitioned claim's
+    /// locks).
+    const TURN: Option<[&'static str; 2]> = Some([
+        "SELECT pg_try_advisory_xact_lock_shared(hashtextextended('justonce.turn' || chr(31) || $1, 0))::int::bigint",
+        "SELECT pg_advisory_xact_lock(hashtextextended('justonce.turn' || chr(31) || $1, 0))",
+    ]);
 
     fn pool(&self) -> &PgPool {
         &self.pool

@@ -565,3 +565,114 @@ mod outbox_move {
             .unwrap();
     }
 }
+
+/// `Store::take_turn`: a transaction that takes a consumer's turn alone holds it alone,
+/// across connections, until it commits or rolls back; one that takes it beside never
+/// waits, and gets it beside any number of others but not beside one alone; one alone
+/// waits for them all; another consumer's turn is another lock.
+mod turns {
+    use std::time::Duration;
+
+    use justonce_core::{Store, Turn};
+    use justonce_sql::{PgStore, PgTx};
+    use justonce_test::unique_name;
+
+    use super::url;
+
+    /// Whether a transaction that takes `consumer`'s turn alone waits (300 ms) while `held`
+    /// is held; then ends `held` and checks that the wait ends.
+    async fn alone_waits(store: &PgStore, held: PgTx, consumer: &str) -> bool {
+        let waiting = {
+            let store = store.clone();
+            let consumer = consumer.to_owned();
+            tokio::spawn(async move {
+                let mut tx = store.begin().await.unwrap();
+                assert!(store
+                    .take_turn(&mut tx, &consumer, Turn::Alone)
+                    .await
+                    .unwrap());
+                store.commit(tx).await.unwrap();
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waited = !waiting.is_finished();
+        store.rollback(held).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the turn was not handed on when its holder ended")
+            .unwrap();
+        waited
+    }
+
+    /// Whether a transaction gets `consumer`'s turn beside while `held` is held (at once:
+    /// it never waits).
+    async fn beside_gets(store: &PgStore, held: PgTx, consumer: &str) -> bool {
+        let mut tx = store.begin().await.unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            store.take_turn(&mut tx, consumer, Turn::Beside),
+        )
+        .await
+        .expect("a turn beside waited")
+        .unwrap();
+        store.rollback(tx).await.unwrap();
+        store.rollback(held).await.unwrap();
+        got
+    }
+
+    async fn holding(store: &PgStore, consumer: &str, turn: Turn) -> PgTx {
+        let mut tx = store.begin().await.unwrap();
+        assert!(store.take_turn(&mut tx, consumer, turn).await.unwrap());
+        tx
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_consumer_s_turn_taken_alone_excludes_every_other_until_it_ends() {
+        let Some(url) = url() else { return };
+        let store = PgStore::open(&url).await.unwrap();
+        assert!(store.takes_turns());
+        let (alone, beside) = (Turn::Alone, Turn::Beside);
+        // Names of this test's own: another test's consumer may take turns meanwhile.
+        let (payments, refunds) = (unique_name("payments"), unique_name("refunds"));
+        let (payments, refunds) = (payments.as_str(), refunds.as_str());
+        let held = holding(&store, payments, alone).await;
+        assert!(
+            alone_waits(&store, held, payments).await,
+            "alone beside alone"
+        );
+        let held = holding(&store, payments, alone).await;
+        assert!(
+            !beside_gets(&store, held, payments).await,
+            "beside beside alone"
+        );
+        let held = holding(&store, payments, beside).await;
+        assert!(
+            alone_waits(&store, held, payments).await,
+            "alone beside beside"
+        );
+        let held = holding(&store, payments, beside).await;
+        assert!(
+            beside_gets(&store, held, payments).await,
+            "beside beside beside"
+        );
+        let held = holding(&store, payments, alone).await;
+        assert!(
+            !alone_waits(&store, held, refunds).await,
+            "another consumer's turn waited"
+        );
+        let held = holding(&store, payments, alone).await;
+        assert!(
+            beside_gets(&store, held, refunds).await,
+            "another consumer's turn refused"
+        );
+        // A commit ends a turn too.
+        let held = holding(&store, payments, alone).await;
+        store.commit(held).await.unwrap();
+        let mut tx = store.begin().await.unwrap();
+        assert!(
+            store.take_turn(&mut tx, payments, beside).await.unwrap(),
+            "the committed turn was still held"
+        );
+        store.commit(tx).await.unwrap();
+    }
+}

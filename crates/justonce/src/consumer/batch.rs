@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use justonce_core::{ClaimStore, DedupStore, Delivery, Error, ErrorKind, Result, Semantics};
+use justonce_core::{ClaimStore, DedupStore, Delivery, Error, ErrorKind, Result, Semantics, Turn};
 use tokio::time::Instant;
 use tracing::{debug, field, info_span, warn, Instrument};
 
@@ -25,31 +25,51 @@ where
     H: Handler<S::Tx>,
 {
     /// Processes `batch`. A batch that fails on lock contention (a deadlock, a serialization
-    /// failure) runs again at once one message per transaction: a transaction that locks
-    /// the rows of one message waits for others but cannot close a cycle with them, so the
-    /// batch is not failed again and again whole (halving it instead let each half meet the
-    /// other consumer's batch again: 0.03x the throughput of one consumer on a hot set,
-    /// against 0.16x). A message that still fails so goes back to the queue. At-most-once
-    /// batches are acked before they run and are not run again.
+    /// failure) makes the consumer take turns in the store ([`Turns`]) where the store has
+    /// them, and runs again at once, in its turn. Where it has none, or when it fails so
+    /// again, it runs one message per transaction: a transaction that locks the rows of one
+    /// message waits for others but cannot close a cycle with them, so the batch is not
+    /// failed again and again whole (halving it instead let each half meet the other
+    /// consumer's batch again: 0.03x the throughput of one consumer on a hot set, against
+    /// 0.16x). A message that still fails so goes back to the queue. At-most-once batches
+    /// are acked before they run and are not run again.
     ///
     /// A batch that fails goes back to the queue at once ([`Inner::give_back`]), and its
     /// deliveries not yet counted are counted as released (lost, at-most-once).
     pub(super) async fn process_or_singly(&self, batch: &[Delivery]) -> Result<BatchReport> {
-        let failed = match self.process(batch).await {
+        let mut failed = match self.process(batch).await {
             Ok(report) => {
                 self.window.widen();
                 return Ok(report);
             }
             Err(failed) => failed,
         };
-        let mut failed_at = 0;
+        // A conflict that may run again: before the commit, and not acked already.
+        let again = |f: &Failed| {
+            f.error.kind() == ErrorKind::Busy
+                && f.uncounted.is_some()
+                && self.opts.semantics != Semantics::AtMostOnce
+        };
         if failed.error.kind() == ErrorKind::Busy {
             self.contended(batch, &failed.error);
         }
-        let singly = failed.error.kind() == ErrorKind::Busy
-            && batch.len() > 1
-            && failed.uncounted.is_some()
-            && self.opts.semantics != Semantics::AtMostOnce;
+        if again(&failed) && self.store.takes_turns() {
+            debug!(
+                batch = batch.len(),
+                "lock contention: the batch runs again in the consumer's turn"
+            );
+            match self.process(batch).await {
+                Ok(report) => return Ok(report),
+                Err(f) => {
+                    if f.error.kind() == ErrorKind::Busy {
+                        self.contended(batch, &f.error);
+                    }
+                    failed = f;
+                }
+            }
+        }
+        let mut failed_at = 0;
+        let singly = again(&failed) && batch.len() > 1;
         let failed = if singly {
             debug!(
                 batch = batch.len(),
@@ -93,13 +113,23 @@ where
     }
 
     /// Counts a lock conflict of `batch`, and says at warn, at most once a minute, what to do
-    /// about it: the split retry hides the cost (one transaction per message), and two
-    /// replicas on a hot set then run slower than one.
+    /// about it: taking turns (or one transaction per message, or smaller batches) hides
+    /// the cost, and two replicas on a hot set then run no faster than one.
     ///
-    /// The batches shrink at each conflict ([`Window`]).
+    /// Where the store has turns the consumer takes them for a while ([`Turns`]); where it
+    /// has none its batches shrink ([`Window`]).
     fn contended(&self, batch: &[Delivery], error: &Error) {
         let size = self.opts.batching.size.max(1);
-        let window = self.window.shrink(batch.len());
+        let now = if self.store.takes_turns() {
+            let hold = self.turns.conflict();
+            format!(
+                "batches now take turns in the store for {}s, one at a time across replicas",
+                hold.as_secs()
+            )
+        } else {
+            let window = self.window.shrink(batch.len());
+            format!("batches now take at most {window} of {size} messages, growing back as the conflicts stop")
+        };
         let Some(n) = self.instruments().lock_conflicts.note() else {
             return;
         };
@@ -111,12 +141,12 @@ where
         {
             warn!(
                 consumer, conflicts = n, %error,
-                "lock conflicts in the store ({n} since the last line; batches now take at most {window} of {size} messages, growing back as the conflicts stop): the batches take their locks in the order of Handler::lock_key, so they meet on rows that key does not name (a second row, an index); make lock_key name the row each message locks first: docs/guide/failures.md#deadlocks-when-you-scale-out"
+                "lock conflicts in the store ({n} since the last line; {now}): the batches take their locks in the order of Handler::lock_key, so they meet on rows that key does not name (a second row, an index); make lock_key name the row each message locks first: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         } else {
             warn!(
                 consumer, conflicts = n, %error,
-                "lock conflicts in the store ({n} since the last line; each failed batch ran again one message per transaction, and batches now take at most {window} of {size} messages, growing back as the conflicts stop): consumers that update the same rows in different orders deadlock; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
+                "lock conflicts in the store ({n} since the last line; {now}): consumers that update the same rows in different orders deadlock, and replicas that take turns run no faster than one; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         }
     }
@@ -290,6 +320,7 @@ where
         } else {
             (self.store.begin().await?, None)
         };
+        self.take_turn(&mut tx, batch.len()).await?;
         if !optimistic {
             self.careful_pass(&mut tx, None, batch, slots, results, report)
                 .await?;
@@ -308,6 +339,7 @@ where
         );
         self.store.rollback(tx).await?;
         let mut tx = self.store.begin().await?;
+        self.take_turn(&mut tx, batch.len()).await?;
         // Nothing but `screen` set the slots before the transaction (no claims, and
         // at-most-once's early ack leaves them as they were): derive them again.
         *slots = batch
@@ -319,6 +351,32 @@ where
         self.careful_pass(&mut tx, Some(failed), batch, slots, results, report)
             .await?;
         Ok(tx)
+    }
+
+    /// Takes the consumer's turn in the store ([`Turns`]): alone while it takes turns,
+    /// beside the other batches otherwise, so that a replica that takes turns never runs
+    /// beside one that does not. A batch that finds the turn taken alone (another replica
+    /// met a conflict) takes turns too, from then on, without meeting one itself. One
+    /// statement a batch; a transaction of one message takes none unless alone. After the
+    /// dedup claims, which lock only rows of the batch's own message ids, and before the
+    /// handlers.
+    async fn take_turn(&self, tx: &mut S::Tx, messages: usize) -> Result<()> {
+        if !self.store.takes_turns() {
+            return Ok(());
+        }
+        let name = &self.opts.name;
+        if !self.turns.taking() {
+            if messages < 2 || self.store.take_turn(tx, name, Turn::Beside).await? {
+                return Ok(());
+            }
+            let hold = self.turns.conflict();
+            debug!(
+                hold_s = hold.as_secs(),
+                "another replica takes turns: this one does too"
+            );
+        }
+        self.store.take_turn(tx, name, Turn::Alone).await?;
+        Ok(())
     }
 
     pub(super) async fn crash_at(
@@ -396,5 +454,49 @@ impl Window {
         if s.0 < self.size && s.1.elapsed() >= Self::GROW_EVERY {
             *s = (s.0 + 1, Instant::now());
         }
+    }
+}
+
+/// Whether a consumer's batches take its turn in the store alone ([`Store::take_turn`]):
+/// from a lock conflict on, or from a batch that found another replica taking it alone, for
+/// a hold of [`Turns::FIRST`], renewed by each conflict while it lasts. The others take the
+/// turn beside each other, and never run beside one that takes it alone. When the hold ends the
+/// batches run side by side again; a conflict within a hold of that doubles the hold (up to
+/// [`Turns::LONGEST`]), as a backoff does: on a hot set the probe costs a deadlock per
+/// hold, on a spread set the turns end. Batches that take turns run at full size, one
+/// at a time across the replicas, so N replicas on a hot set run about as fast as one
+/// instead of waiting out the deadlock detector (PostgreSQL's `deadlock_timeout`, 1 s).
+///
+/// [`Store::take_turn`]: justonce_core::Store::take_turn
+#[derive(Default)]
+pub(super) struct Turns {
+    /// Until when, and for how long the last hold was.
+    now: Mutex<Option<(Instant, Duration)>>,
+}
+
+impl Turns {
+    pub(super) const FIRST: Duration = Duration::from_secs(10);
+    pub(super) const LONGEST: Duration = Duration::from_secs(160);
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Duration)>> {
+        self.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn taking(&self) -> bool {
+        self.state()
+            .is_some_and(|(until, _)| Instant::now() < until)
+    }
+
+    /// A lock conflict: take turns from now on, for how long it returns.
+    pub(super) fn conflict(&self) -> Duration {
+        let now = Instant::now();
+        let mut s = self.state();
+        let hold = match *s {
+            Some((until, hold)) if now < until => hold,
+            Some((until, hold)) if now - until < hold => (hold * 2).min(Self::LONGEST),
+            _ => Self::FIRST,
+        };
+        *s = Some((now + hold, hold));
+        hold
     }
 }

@@ -103,6 +103,8 @@ struct Inner<S: DedupStore, H> {
     breaker: Mutex<Breaker>,
     /// How many deliveries a batch takes now ([`batch::Window`]).
     window: batch::Window,
+    /// Whether batches take the consumer's turn in the store now ([`batch::Turns`]).
+    turns: batch::Turns,
     /// Registered at the first batch, so that a recorder installed before it sees them.
     instruments: OnceLock<Instruments>,
     health: Health,
@@ -247,6 +249,7 @@ where
                 outbox: None,
                 breaker,
                 window,
+                turns: batch::Turns::default(),
                 instruments: OnceLock::new(),
                 health: Health::default(),
             }),

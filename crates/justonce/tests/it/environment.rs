@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use justonce::memory::{MemoryQueue, MemoryStore, MemoryTx};
 use justonce::{
-    BreakerOptions, Consumer, ConsumerOptions, Context, Disposition, Error, ErrorKind, Handler,
-    Message, Publisher, Result, Semantics, Source,
+    async_trait, BreakerOptions, Claim, Consumer, ConsumerOptions, Context, DedupKey, DedupStore,
+    Disposition, Error, ErrorKind, Fingerprint, Handler, Message, Publisher, Result, Semantics,
+    Source, Store, Turn,
 };
 
 use crate::support::until_empty;
@@ -274,6 +275,148 @@ async fn a_lock_conflict_shrinks_the_batches_and_clean_batches_grow_them_back() 
     }
     // Each batch takes the window as it was when it was received.
     assert_eq!(sizes, [2, 2, 2, 2, 3, 4, 5, 6, 7, 8, 8]);
+}
+
+/// A memory store that takes turns, as PostgreSQL does: counts the turns taken alone and
+/// beside.
+#[derive(Clone, Default)]
+struct Turned {
+    inner: MemoryStore,
+    turns: Arc<AtomicU32>,
+    beside: Arc<AtomicU32>,
+    /// Another replica holds the turn alone: a turn beside is refused.
+    taken_alone: Arc<AtomicBool>,
+}
+
+impl Turned {
+    fn turns(&self) -> u32 {
+        self.turns.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Store for Turned {
+    type Tx = MemoryTx;
+    fn backend(&self) -> &'static str {
+        "turned"
+    }
+    async fn begin(&self) -> Result<MemoryTx> {
+        self.inner.begin().await
+    }
+    async fn commit(&self, tx: MemoryTx) -> Result<()> {
+        self.inner.commit(tx).await
+    }
+    async fn rollback(&self, tx: MemoryTx) -> Result<()> {
+        self.inner.rollback(tx).await
+    }
+    async fn savepoint(&self, tx: &mut MemoryTx) -> Result<()> {
+        self.inner.savepoint(tx).await
+    }
+    async fn release_savepoint(&self, tx: &mut MemoryTx) -> Result<()> {
+        self.inner.release_savepoint(tx).await
+    }
+    async fn rollback_to_savepoint(&self, tx: &mut MemoryTx) -> Result<()> {
+        self.inner.rollback_to_savepoint(tx).await
+    }
+    fn takes_turns(&self) -> bool {
+        true
+    }
+    async fn take_turn(&self, _tx: &mut MemoryTx, consumer: &str, turn: Turn) -> Result<bool> {
+        assert_eq!(consumer, "test", "the turn is the consumer's");
+        if turn == Turn::Alone {
+            self.turns.fetch_add(1, Ordering::SeqCst);
+            return Ok(true);
+        }
+        self.beside.fetch_add(1, Ordering::SeqCst);
+        Ok(!self.taken_alone.load(Ordering::SeqCst))
+    }
+}
+
+#[async_trait]
+impl DedupStore for Turned {
+    async fn claim(&self, tx: &mut MemoryTx, key: DedupKey<'_>, fp: Fingerprint) -> Result<Claim> {
+        self.inner.claim(tx, key, fp).await
+    }
+    async fn purge(&self, retention: Duration, batch: u32) -> Result<u64> {
+        self.inner.purge(retention, batch).await
+    }
+}
+
+/// Where the store takes turns, a batch that met a lock conflict runs again whole in the
+/// consumer's turn (not one message per transaction), and the batches after it take turns
+/// for ten seconds; a conflict soon after they end doubles the hold. A batch that finds
+/// another replica taking the turn alone takes turns too. The batches keep their size.
+#[tokio::test]
+async fn a_conflict_makes_the_batches_take_turns_for_a_while_at_full_size() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    let batch = |tag: &str, pair: bool| -> Vec<Message> {
+        (0..8)
+            .map(|i| {
+                let p = if pair && i == 5 {
+                    format!("pair:{tag}{i}")
+                } else {
+                    format!("{tag}{i}:{i}")
+                };
+                Message::new(p).with_id(format!("{tag}{i}")).unwrap()
+            })
+            .collect()
+    };
+    let handler = Accounts::default();
+    let store = Turned::default();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::new(options(8), source, store.clone(), handler.clone()).unwrap();
+    tokio::time::pause();
+    let run = |tag: &'static str, pair: bool| {
+        let (q, c, handler) = (q.clone(), &c, handler.clone());
+        async move {
+            handler.deadlocks.store(u32::from(pair), Ordering::SeqCst);
+            q.publish_batch(&batch(tag, pair)).await.unwrap();
+            c.run_once().await.unwrap()
+        }
+    };
+    let report = run("a", false).await;
+    assert_eq!(
+        (report.acked, store.turns()),
+        (8, 0),
+        "no turns alone before a conflict"
+    );
+    assert_eq!(
+        store.beside.load(Ordering::SeqCst),
+        1,
+        "the batch took its turn beside"
+    );
+    let report = run("b", true).await;
+    assert_eq!(report.acked, 8);
+    assert_eq!(store.turns(), 1, "the batch ran again whole, in its turn");
+    assert_eq!(store.inner.commits(), 2, "a's batch and b's, once each");
+    assert_eq!(run("c", false).await.received, 8, "full size");
+    assert_eq!(store.turns(), 2, "the next batch took its turn");
+    tokio::time::advance(Duration::from_millis(10_001)).await;
+    run("d", false).await;
+    assert_eq!(store.turns(), 2, "the hold of 10 s ended");
+    // A conflict within a hold of its end: twenty seconds.
+    run("e", true).await;
+    assert_eq!(store.turns(), 3);
+    tokio::time::advance(Duration::from_secs(19)).await;
+    run("f", false).await;
+    assert_eq!(store.turns(), 4, "still taking turns after 19 s");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    run("g", false).await;
+    assert_eq!(store.turns(), 4, "the hold of 20 s ended");
+    // Another replica takes the turn alone: this one does too, from the batch that found
+    // it so, for ten seconds (its last hold ended long before), without a conflict.
+    tokio::time::advance(Duration::from_secs(41)).await;
+    store.taken_alone.store(true, Ordering::SeqCst);
+    run("h", false).await;
+    assert_eq!(store.turns(), 5, "the refused batch took its turn alone");
+    store.taken_alone.store(false, Ordering::SeqCst);
+    run("i", false).await;
+    assert_eq!(store.turns(), 6, "and the next one");
+    tokio::time::advance(Duration::from_millis(10_001)).await;
+    run("j", false).await;
+    assert_eq!(store.turns(), 6, "the hold of 10 s ended");
+    assert_eq!(store.inner.effects().len(), 80, "every order applied once");
+    assert!(q.dead_letters().is_empty());
 }
 
 #[tokio::test]
