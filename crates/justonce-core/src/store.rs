@@ -62,8 +62,15 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turn {
     /// Beside the consumer's other transactions that take it beside, never beside one
-    /// that takes it alone: without waiting.
-    Beside,
+    /// that takes it alone: without waiting. With `patience`, the transaction gives up a
+    /// row lock it has waited for that long (the store's lock timeout: an
+    /// [`ErrorKind::Busy`](crate::ErrorKind::Busy) error, a lock conflict), so that a
+    /// deadlock tells well before the server's detector does (PostgreSQL's
+    /// `deadlock_timeout`, 1 s).
+    Beside {
+        /// How long a row lock may be waited for; `None`: the store's own setting.
+        patience: Option<Duration>,
+    },
     /// Alone: while it holds the turn, no other transaction of the consumer does.
     Alone,
 }

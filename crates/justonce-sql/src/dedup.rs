@@ -131,10 +131,11 @@ pub(crate) trait DedupBackend: Send + Sync {
     /// The statement that opens a transaction; `None` for the database's `BEGIN`.
     const BEGIN: Option<&'static str> = None;
 
-    /// `Store::take_turn`'s statements (parameter: the consumer), a lock held to the end of
-    /// the transaction: beside, which answers 1 when it took it and 0 when it would have
-    /// waited, and alone; `None` for none.
-    const TURN: Option<[&'static str; 2]> = None;
+    /// `Store::take_turn`'s statements (first parameter: the consumer), a lock held to the
+    /// end of the transaction: beside, which answers 1 when it took it and 0 when it would
+    /// have waited; beside with patience (second parameter: milliseconds, as text), which
+    /// also sets the transaction's lock timeout when it took it; and alone. `None` for none.
+    const TURN: Option<[&'static str; 3]> = None;
 
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
 
@@ -219,13 +220,20 @@ pub(crate) async fn take_turn<B: DedupBackend>(
     consumer: &str,
     turn: justonce_core::Turn,
 ) -> Result<bool> {
-    let Some([beside, alone]) = B::TURN else {
+    let Some([beside, patient, alone]) = B::TURN else {
         return Ok(true);
     };
     let conn = &mut **tx;
     match turn {
-        justonce_core::Turn::Beside => {
+        justonce_core::Turn::Beside { patience: None } => {
             Ok(conn.int(beside, &[Arg::Text(consumer)]).await? == Some(1))
+        }
+        justonce_core::Turn::Beside {
+            patience: Some(patience),
+        } => {
+            let ms = patience.as_millis().max(1).to_string();
+            let args = [Arg::Text(consumer), Arg::Text(&ms)];
+            Ok(conn.int(patient, &args).await? == Some(1))
         }
         justonce_core::Turn::Alone => {
             conn.execute(alone, &[Arg::Text(consumer)]).await?;

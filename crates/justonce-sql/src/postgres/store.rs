@@ -398,11 +398,15 @@ impl PgStore {
 impl DedupBackend for PgStore {
     type Db = Postgres;
     const NAME: &'static str = "postgres";
-    /// An advisory lock of the database, shared (tried, never waited for) or exclusive, keyed by a hash of the
-    /// consumer's name (64 bits; the prefix keeps it apart from the partitioned claim's
-    /// locks).
-    const TURN: Option<[&'static str; 2]> = Some([
+    /// An advisory lock of the database, shared (tried, never waited for) or exclusive,
+    /// keyed by a hash of the consumer's name (64 bits; the prefix keeps it apart from the
+    /// partitioned claim's locks). The patient try sets `lock_timeout` for the rest of the
+    /// transaction only when it took the lock: a refused batch goes on to take it alone,
+    /// and waits as long as that takes.
+    const TURN: Option<[&'static str; 3]> = Some([
         "SELECT pg_try_advisory_xact_lock_shared(hashtextextended('justonce.turn' || chr(31) || $1, 0))::int::bigint",
+        "SELECT t::int::bigint, CASE WHEN t THEN set_config('lock_timeout', $2, true) END
+         FROM (SELECT pg_try_advisory_xact_lock_shared(hashtextextended('justonce.turn' || chr(31) || $1, 0)) AS t) s",
         "SELECT pg_advisory_xact_lock(hashtextextended('justonce.turn' || chr(31) || $1, 0))",
     ]);
 

@@ -610,7 +610,7 @@ mod turns {
         let mut tx = store.begin().await.unwrap();
         let got = tokio::time::timeout(
             Duration::from_secs(5),
-            store.take_turn(&mut tx, consumer, Turn::Beside),
+            store.take_turn(&mut tx, consumer, Turn::Beside { patience: None }),
         )
         .await
         .expect("a turn beside waited")
@@ -631,7 +631,7 @@ mod turns {
         let Some(url) = url() else { return };
         let store = PgStore::open(&url).await.unwrap();
         assert!(store.takes_turns());
-        let (alone, beside) = (Turn::Alone, Turn::Beside);
+        let (alone, beside) = (Turn::Alone, Turn::Beside { patience: None });
         // Names of this test's own: another test's consumer may take turns meanwhile.
         let (payments, refunds) = (unique_name("payments"), unique_name("refunds"));
         let (payments, refunds) = (payments.as_str(), refunds.as_str());
@@ -674,5 +674,60 @@ mod turns {
             "the committed turn was still held"
         );
         store.commit(tx).await.unwrap();
+    }
+
+    /// A turn taken beside with patience gives up a row lock it waits for longer than that,
+    /// as a lock conflict, long before the deadlock detector's second; one refused sets
+    /// nothing (the batch goes on to wait for its turn alone).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_patient_turn_gives_up_a_row_lock_it_waits_for_too_long() {
+        let Some(url) = url() else { return };
+        let store = PgStore::open(&url).await.unwrap();
+        let consumer = unique_name("payments");
+        let table = unique_name("jo_turn_rows");
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, n int); INSERT INTO {table} VALUES (1, 0)"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let update = format!("UPDATE {table} SET n = n + 1 WHERE id = 1");
+        let mut holder = store.begin().await.unwrap();
+        sqlx::query(&update).execute(&mut *holder).await.unwrap();
+        let patience = Some(Duration::from_millis(100));
+        let mut tx = store.begin().await.unwrap();
+        assert!(store
+            .take_turn(&mut tx, &consumer, Turn::Beside { patience })
+            .await
+            .unwrap());
+        let started = std::time::Instant::now();
+        let err = sqlx::query(&update).execute(&mut *tx).await.unwrap_err();
+        let waited = started.elapsed();
+        let err = justonce_core::Error::from(err);
+        assert_eq!(err.kind(), justonce_core::ErrorKind::Busy, "{err}");
+        assert!(
+            waited >= Duration::from_millis(90) && waited < Duration::from_millis(900),
+            "gave up after {waited:?}"
+        );
+        store.rollback(tx).await.unwrap();
+        // Refused: no lock timeout set.
+        let alone = holding(&store, &consumer, Turn::Alone).await;
+        let mut tx = store.begin().await.unwrap();
+        assert!(!store
+            .take_turn(&mut tx, &consumer, Turn::Beside { patience })
+            .await
+            .unwrap());
+        let timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(timeout, "0", "a refused turn set the lock timeout");
+        store.rollback(tx).await.unwrap();
+        store.rollback(alone).await.unwrap();
+        store.rollback(holder).await.unwrap();
+        sqlx::raw_sql(&format!("DROP TABLE {table}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
     }
 }

@@ -114,7 +114,7 @@ where
 
     /// Counts a lock conflict of `batch`, and says at warn, at most once a minute, what to do
     /// about it: taking turns (or one transaction per message, or smaller batches) hides
-    /// the cost, and two replicas on a hot set then run no faster than one.
+    /// the cost, and replicas on a hot set then write one at a time.
     ///
     /// Where the store has turns the consumer takes them for a while ([`Turns`]); where it
     /// has none its batches shrink ([`Window`]).
@@ -146,7 +146,7 @@ where
         } else {
             warn!(
                 consumer, conflicts = n, %error,
-                "lock conflicts in the store ({n} since the last line; {now}): consumers that update the same rows in different orders deadlock, and replicas that take turns run no faster than one; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
+                "lock conflicts in the store ({n} since the last line; {now}): consumers that update the same rows in different orders deadlock, and replicas that take turns write one at a time; implement Handler::lock_key so that every batch takes its locks in one order: docs/guide/failures.md#deadlocks-when-you-scale-out"
             );
         }
     }
@@ -320,7 +320,7 @@ where
         } else {
             (self.store.begin().await?, None)
         };
-        self.take_turn(&mut tx, batch.len()).await?;
+        self.take_turn(&mut tx, batch).await?;
         if !optimistic {
             self.careful_pass(&mut tx, None, batch, slots, results, report)
                 .await?;
@@ -339,7 +339,7 @@ where
         );
         self.store.rollback(tx).await?;
         let mut tx = self.store.begin().await?;
-        self.take_turn(&mut tx, batch.len()).await?;
+        self.take_turn(&mut tx, batch).await?;
         // Nothing but `screen` set the slots before the transaction (no claims, and
         // at-most-once's early ack leaves them as they were): derive them again.
         *slots = batch
@@ -356,17 +356,31 @@ where
     /// Takes the consumer's turn in the store ([`Turns`]): alone while it takes turns,
     /// beside the other batches otherwise, so that a replica that takes turns never runs
     /// beside one that does not. A batch that finds the turn taken alone (another replica
-    /// met a conflict) takes turns too, from then on, without meeting one itself. One
-    /// statement a batch; a transaction of one message takes none unless alone. After the
-    /// dedup claims, which lock only rows of the batch's own message ids, and before the
-    /// handlers.
-    async fn take_turn(&self, tx: &mut S::Tx, messages: usize) -> Result<()> {
+    /// met a conflict) takes turns too, from then on, without meeting one itself. A batch
+    /// beside the others whose messages name no lock key (nothing orders their locks) waits
+    /// at most [`Turns::PATIENCE`] for a row lock: a deadlock then tells in a quarter of a
+    /// second rather than the second PostgreSQL's detector takes, while two batches in lock
+    /// order wait for each other as long as they need. One statement a batch; a
+    /// transaction of one message takes none unless alone. After the dedup claims, which
+    /// lock only rows of the batch's own message ids, and before the handlers.
+    async fn take_turn(&self, tx: &mut S::Tx, batch: &[Delivery]) -> Result<()> {
         if !self.store.takes_turns() {
             return Ok(());
         }
         let name = &self.opts.name;
         if !self.turns.taking() {
-            if messages < 2 || self.store.take_turn(tx, name, Turn::Beside).await? {
+            if batch.len() < 2 {
+                return Ok(());
+            }
+            let unordered = batch
+                .iter()
+                .all(|d| self.handler.lock_key(&d.message).is_none());
+            let patience = unordered.then_some(Turns::PATIENCE);
+            if self
+                .store
+                .take_turn(tx, name, Turn::Beside { patience })
+                .await?
+            {
                 return Ok(());
             }
             let hold = self.turns.conflict();
@@ -476,6 +490,8 @@ pub(super) struct Turns {
 
 impl Turns {
     pub(super) const FIRST: Duration = Duration::from_secs(10);
+    /// How long a batch beside the others, in no lock order, waits for a row lock.
+    pub(super) const PATIENCE: Duration = Duration::from_millis(250);
     pub(super) const LONGEST: Duration = Duration::from_secs(160);
 
     fn state(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Duration)>> {
