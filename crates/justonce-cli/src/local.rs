@@ -401,19 +401,33 @@ impl RabbitNode {
     /// stop and come back. On a blocking thread, which the runtime waits for as it shuts
     /// down: a lab interrupted meanwhile still starts the app again.
     pub(crate) async fn restart_app(&self, pause: Duration) -> anyhow::Result<()> {
-        let (stop, start) = (
-            self.ctl_command(&["stop_app"]),
-            self.ctl_command(&["start_app"]),
-        );
+        let stop = self.ctl_command(&["stop_app"]);
+        let starts: Vec<Command> = (0..START_TRIES)
+            .map(|_| self.ctl_command(&["start_app"]))
+            .collect();
         tokio::task::spawn_blocking(move || {
             let stopped = run_to_end(stop, "rabbitmqctl stop_app");
             std::thread::sleep(pause);
-            let started = run_to_end(start, "rabbitmqctl start_app");
+            // A node left stopped ends the run: a start_app that fails at once (CI once
+            // saw exit status 69 with no message, on a loaded machine) is tried again.
+            let mut started = Ok(String::new());
+            for (i, start) in starts.into_iter().enumerate() {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                started = run_to_end(start, "rabbitmqctl start_app");
+                if started.is_ok() {
+                    break;
+                }
+            }
             stopped.and(started).map(|_| ())
         })
         .await?
     }
 }
+
+/// How many times a RabbitMQ node's `start_app` is tried before the restart fails.
+const START_TRIES: usize = 3;
 
 fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
