@@ -50,9 +50,6 @@ where
                 && f.uncounted.is_some()
                 && self.opts.semantics != Semantics::AtMostOnce
         };
-        if failed.error.kind() == ErrorKind::Busy {
-            self.contended(batch, &failed.error);
-        }
         if again(&failed) && self.store.takes_turns() {
             debug!(
                 batch = batch.len(),
@@ -60,12 +57,7 @@ where
             );
             match self.process(batch).await {
                 Ok(report) => return Ok(report),
-                Err(f) => {
-                    if f.error.kind() == ErrorKind::Busy {
-                        self.contended(batch, &f.error);
-                    }
-                    failed = f;
-                }
+                Err(f) => failed = f,
             }
         }
         let mut failed_at = 0;
@@ -81,9 +73,6 @@ where
                 match self.process(one).await {
                     Ok(r) => report = report.merge(r),
                     Err(f) => {
-                        if f.error.kind() == ErrorKind::Busy {
-                            self.contended(one, &f.error);
-                        }
                         failed_at = i;
                         failure = Some(f);
                         break;
@@ -121,7 +110,7 @@ where
     fn contended(&self, batch: &[Delivery], error: &Error) {
         let size = self.opts.batching.size.max(1);
         let now = if self.store.takes_turns() {
-            let hold = self.turns.conflict();
+            let hold = self.turns.hold();
             format!(
                 "batches now take turns in the store for {}s, one at a time across replicas",
                 hold.as_secs()
@@ -152,7 +141,8 @@ where
     }
 
     /// [`Inner::process_batch`] in a span named after OpenTelemetry's messaging
-    /// conventions, which records what the batch came to.
+    /// conventions, which records what the batch came to; a lock conflict is counted and
+    /// acted on ([`Inner::contended`]).
     async fn process(&self, batch: &[Delivery]) -> std::result::Result<BatchReport, Failed> {
         let span = info_span!(
             "justonce.batch",
@@ -186,6 +176,9 @@ where
             }
             Err(f) => {
                 span.record("error", field::display(f.error.to_chain_string()));
+                if f.error.kind() == ErrorKind::Busy {
+                    self.contended(batch, &f.error);
+                }
             }
         }
         result
@@ -372,9 +365,11 @@ where
             if batch.len() < 2 {
                 return Ok(());
             }
+            // `receive_batch` sorted the batch by lock key, the messages without one first:
+            // none has one when the last has none.
             let unordered = batch
-                .iter()
-                .all(|d| self.handler.lock_key(&d.message).is_none());
+                .last()
+                .is_some_and(|d| self.handler.lock_key(&d.message).is_none());
             let patience = unordered.then_some(Turns::PATIENCE);
             if self
                 .store
@@ -383,7 +378,7 @@ where
             {
                 return Ok(());
             }
-            let hold = self.turns.conflict();
+            let hold = self.turns.hold();
             debug!(
                 hold_s = hold.as_secs(),
                 "another replica takes turns: this one does too"
@@ -503,8 +498,9 @@ impl Turns {
             .is_some_and(|(until, _)| Instant::now() < until)
     }
 
-    /// A lock conflict: take turns from now on, for how long it returns.
-    pub(super) fn conflict(&self) -> Duration {
+    /// Takes turns from now on (a lock conflict, or another replica taking them), for how
+    /// long it returns.
+    pub(super) fn hold(&self) -> Duration {
         let now = Instant::now();
         let mut s = self.state();
         let hold = match *s {

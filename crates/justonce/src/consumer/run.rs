@@ -32,7 +32,8 @@ where
         }
         // Every consumer takes the batch's row locks in one order, so that two batches
         // touching the same rows wait for each other instead of deadlocking. The sort is
-        // stable: messages of one key keep their order.
+        // stable: messages of one key keep their order; those without one come first
+        // (`Inner::take_turn` reads that).
         batch.sort_by_cached_key(|d| self.handler.lock_key(&d.message));
         let instruments = self.instruments();
         instruments.received.increment(batch.len() as u64);
