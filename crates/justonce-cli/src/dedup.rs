@@ -5,8 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use justonce::consumer::Explanation;
 use justonce::{
-    ClaimRecord, ClaimRecordState, DedupKey, DedupRecord, Fingerprint, InspectClaims, MessageId,
+    ClaimRecord, ClaimRecordState, ConflictPolicy, DedupKey, DedupRecord, Fingerprint,
+    InspectClaims, MessageId,
 };
 use serde_json::{json, Value};
 
@@ -91,6 +93,16 @@ struct ExplainArgs {
     /// The payload a delivery would carry, as a file (`-` for stdin).
     #[arg(long, value_name = "FILE")]
     payload: String,
+    /// The consumer's conflict policy (`DedupOptions::on_conflict`): what a payload other
+    /// than the recorded one's becomes.
+    #[arg(long, value_enum, default_value = "dead-letter")]
+    on_conflict: OnConflict,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnConflict {
+    DeadLetter,
+    Ignore,
 }
 
 #[derive(Args)]
@@ -287,64 +299,6 @@ async fn show(a: KeyArgs) -> Result<()> {
     Ok(())
 }
 
-/// What a delivery of a payload of fingerprint `fp` would do, from the key's record.
-fn verdict(
-    record: Option<&DedupRecord>,
-    claim: Option<&ClaimRecord>,
-    fp: Fingerprint,
-) -> (&'static str, String) {
-    if let Some(c) = claim {
-        if c.fingerprint != fp {
-            return (
-                "conflict",
-                format!(
-                    "the claim was taken for another payload (fingerprint {}, this one {}): dead-lettered as a conflict",
-                    c.fingerprint.to_hex(),
-                    fp.to_hex()
-                ),
-            );
-        }
-        return match &c.state {
-            ClaimRecordState::Completed { .. } => (
-                "duplicate",
-                "the claim is completed: acked as a duplicate, its stored result returned".into(),
-            ),
-            ClaimRecordState::InProgress { lease_left } if !lease_left.is_zero() => (
-                "retry",
-                format!(
-                    "another delivery holds the claim for {:.1} s more: this one is retried after it",
-                    lease_left.as_secs_f64()
-                ),
-            ),
-            _ => (
-                "applied",
-                format!("the claim is free: taken over with fence {}, and applied", c.token + 1),
-            ),
-        };
-    }
-    match record {
-        None => (
-            "applied",
-            "no dedup record for this consumer and id: applied, and recorded in the same transaction".into(),
-        ),
-        Some(r) if r.fingerprint == fp => (
-            "duplicate",
-            format!(
-                "recorded{} with this payload: acked as a duplicate, no effect",
-                r.recorded_at.map_or_else(String::new, |t| format!(" at {}", utc(t)))
-            ),
-        ),
-        Some(r) => (
-            "conflict",
-            format!(
-                "recorded with another payload (fingerprint {}, this one {}): dead-lettered as a conflict, unless the consumer's on_conflict says otherwise",
-                r.fingerprint.to_hex(),
-                fp.to_hex()
-            ),
-        ),
-    }
-}
-
 async fn explain(a: ExplainArgs) -> Result<()> {
     let payload = if a.payload == "-" {
         let mut buf = Vec::new();
@@ -355,11 +309,18 @@ async fn explain(a: ExplainArgs) -> Result<()> {
     };
     let fp = Fingerprint::of(&payload);
     let (record, claim) = lookup(&a.key).await?;
-    let (outcome, why) = verdict(record.as_ref(), claim.as_ref(), fp);
+    let id = MessageId::new(a.key.id.clone()).context("the message id")?;
+    let policy = match a.on_conflict {
+        OnConflict::DeadLetter => ConflictPolicy::DeadLetter,
+        OnConflict::Ignore => ConflictPolicy::Ignore,
+    };
+    // The runtime's own rules (`justonce::consumer::explain`), not a copy of them.
+    let Explanation { outcome, why } =
+        justonce::consumer::explain(&id, record.as_ref(), claim.as_ref(), fp, policy);
     if a.key.store.json {
         println!(
             "{}",
-            json!({ "consumer": a.key.consumer, "id": a.key.id, "outcome": outcome, "why": why, "fingerprint": fp.to_hex() })
+            json!({ "consumer": a.key.consumer, "id": a.key.id, "outcome": outcome.as_str(), "why": why, "fingerprint": fp.to_hex() })
         );
     } else {
         println!("{outcome}: {why}");
@@ -418,47 +379,4 @@ async fn purge(a: PurgeArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_verdict_follows_the_record_and_the_claim() {
-        let fp = Fingerprint::of(b"a");
-        let other = Fingerprint::of(b"b");
-        assert_eq!(verdict(None, None, fp).0, "applied");
-        let r = DedupRecord::new(fp, None);
-        assert_eq!(verdict(Some(&r), None, fp).0, "duplicate");
-        assert_eq!(verdict(Some(&r), None, other).0, "conflict");
-        let held = ClaimRecord::new(
-            fp,
-            ClaimRecordState::InProgress {
-                lease_left: Duration::from_secs(5),
-            },
-            3,
-            None,
-        );
-        assert_eq!(verdict(None, Some(&held), fp).0, "retry");
-        assert_eq!(verdict(None, Some(&held), other).0, "conflict");
-        let ran_out = ClaimRecord::new(
-            fp,
-            ClaimRecordState::InProgress {
-                lease_left: Duration::ZERO,
-            },
-            3,
-            None,
-        );
-        let (outcome, why) = verdict(None, Some(&ran_out), fp);
-        assert_eq!(outcome, "applied");
-        assert!(why.contains("fence 4"), "{why}");
-        let done = ClaimRecord::new(
-            fp,
-            ClaimRecordState::Completed { at: None },
-            3,
-            Some(b"ok".to_vec()),
-        );
-        assert_eq!(verdict(None, Some(&done), fp).0, "duplicate");
-    }
 }

@@ -23,6 +23,90 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Module map
+//!
+//! What each module holds, and the invariants this crate keeps (ARCHITECTURE.md, at the
+//! repository's root, is the map of the whole).
+//!
+//! The algorithms are written once; a backend module gives its DDL, its SQL text and its hooks,
+//! nothing else.
+//!
+//! - `harness.rs` (feature `harness`): `OwnPostgres` and `OwnMariaDb`, servers of a test's own
+//!   (a password, TLS when asked; PostgreSQL under root runs as `postgres`);
+//! - `conn.rs`: `Conn`, the one place the algorithms meet sqlx (a statement and its `Arg`s on
+//!   any connection), and `begin` / `begin_with`, sqlx's begins made safe to cancel (each runs
+//!   in a task of its own);
+//! - `many.rs`: `ManySql`, a batch's claims in two statements, built once per row count;
+//! - `dedup.rs`: `DedupBackend` (pool, `DedupSql`, and hooks with defaults: `begin_claimed`,
+//!   `claim_arrays`, `purge_own`) and the dedup algorithm as plain functions (`claim`,
+//!   `claim_many`, `begin_with_claims`, `purge`); `impl_dedup_store!` only delegates;
+//! - `claims.rs`: `ClaimBackend`, the claim algorithm (insert, read under lock, the pure
+//!   `decide`, takeover, fenced completion); `impl_claim_store!` only delegates;
+//! - `inspect.rs`: `InspectStore` and `InspectClaims` for every SQL store, over `Conn` (the SQL
+//!   casts every value to text), the store's clock and its server's deadlock count included;
+//! - `outbox.rs`: `SqlOutbox<DB>` (`OutboxStore` over `Conn`, `OutboxOptions`) and `OutboxSql`,
+//!   the text each backend gives (a take is `Returning` one statement, `MarkAndTake` one
+//!   statement that also deletes the rows the relay's last batch sent, or `Steps` after a lock;
+//!   the others delete those rows first, in the take's transaction); a key is blocked while an
+//!   earlier row of it is leased, waiting or dead, and lists of seqs are written as integer
+//!   literals. The backends' `*/outbox.rs` hold only the schema and the text
+//!   (`SqliteStore::outbox`, `PgStore::outbox`, `MySqlStore::outbox`), and PostgreSQL's
+//!   `PgOutbox::mover_into` (a `PgOutboxMove`: one statement takes rows by the take's own CTEs,
+//!   `runs`, deletes them and inserts them into `jo_queue` in seq order with the queue's
+//!   `NOTIFY`; refused unless both pools see one database, by its name, the server's start and
+//!   port and `jo_queue`'s oid): SQLite takes with one `UPDATE … RETURNING` (one writer at a
+//!   time); PostgreSQL side by side, `FOR UPDATE SKIP LOCKED`, a key's rows only to the take
+//!   that holds its first row and only up to the first row it does not hold, in a transaction
+//!   whose `BEGIN` sets the plan (the seq index), a per-key advisory lock at enqueue (seq order
+//!   is commit order per key), a table with `fillfactor = 50` (the lease is a HOT update) and a
+//!   `NOTIFY`, sent by the enqueue's own insert, that wakes relays at commit (`Listen`, started
+//!   at a relay's first wait); MariaDB (no `UPDATE … RETURNING`) in steps, in a transaction
+//!   that first locks a row of `{table}_locks` (a take dropped midway rolls back and frees it),
+//!   one take at a time, and a producer locks its key's slot in the same table (record locks,
+//!   no gap locks: the locking read of a key's last row it used first deadlocked producers of
+//!   different keys);
+//! - `check.rs`: the doctor's links of the SQLite and PostgreSQL queues (tables, WAL, `fsync`,
+//!   `synchronous_commit`);
+//! - `positions.rs`: `SqlPositions<DB>` (`Positions` and `PositionsIn` over `Conn`), the table
+//!   `jo_positions` of each store (`SqliteStore::positions`, `PgStore::positions`,
+//!   `MySqlStore::positions`: one upsert per partition that keeps the larger offset);
+//! - `guard.rs`: the state-machine and version guards (statements built with sqlx
+//!   `QueryBuilder`, run through `RunGuard`, decided); each backend's `guard.rs` names its
+//!   connection and key types;
+//! - `queue.rs`: what both SQL queues share: `QueueStats`, the dead letters read, replayed and
+//!   purged over `Conn` (a replay enqueues and deletes in one transaction), and `must_hold`,
+//!   which a queue opened with `create(false)` runs before any DDL; `options.rs`: the setters
+//!   of the options structs;
+//! - `sqlite/`: `SqliteQueue` (a leased queue in a SQLite file), `SqliteStore` (a claim that
+//!   rides on `BEGIN IMMEDIATE`; the purge sweeps keys in order), `SqliteClaimStore`;
+//! - `postgres/` (feature `postgres`): `PgQueue` (`SKIP LOCKED`, `LISTEN/NOTIFY`,
+//!   `TransactionalAck`, `publish_in` a business transaction), `PgStore` (claims folded into
+//!   `BEGIN`, array inserts, optional daily partitions), `PgClaimStore`;
+//! - `mysql/` (feature `mysql`): `MySqlStore` (`INSERT IGNORE`, locking reads),
+//!   `MySqlClaimStore`.
+//!
+//! The macros exist only because the orphan rule forbids `impl<B: DedupBackend> DedupStore for
+//! B`.
+//!
+//! **Invariant: the SQL stores differ only in SQL text and hooks**; a behaviour change goes
+//! into `dedup.rs`, `claims.rs`, `guard.rs` or `outbox.rs`, and the conformance suites run it
+//! on all three databases.
+//!
+//! **Invariant: every transaction begins through `justonce_sql::begin` or `begin_with`**, never
+//! sqlx's `Pool::begin` or `begin_with`: sqlx 0.8 leaves a transaction open when its future is
+//! dropped after the `BEGIN` ran and before sqlx counted it (SQLite: a custom `BEGIN`'s check,
+//! which holds the file's write lock for good, `conn::tests`; PostgreSQL and MariaDB: the
+//! `BEGIN`'s own round trip, read from sqlx's source).
+//!
+//! **Invariant: times for leases, delays and retention come from the database clock** (`NOW_MS`
+//! in `sqlite/mod.rs`, `clock_timestamp()`, `NOW(6)`).
+//!
+//! **Invariant: a purge never blocks a claim**: batched deletes, one window of keys on SQLite,
+//! or partitions detached concurrently.
+//!
+//! **Invariant: every batch claim takes its row locks in one order** (`dedup::lock_order`), so
+//! two batches of the same keys cannot deadlock on them.
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.89 (what redis 1.8 and async-nats 0.51, the next backends, need).

@@ -21,6 +21,25 @@
 //!   commit, after it, a lost ack, a duplicate publish) and a checker that counts lost and
 //!   duplicated effects per id, so that you test your handler the way justonce tests itself.
 //!
+//! # Module map
+//!
+//! What each module holds, and the invariants this crate keeps (ARCHITECTURE.md, at the
+//! repository's root, is the map of the whole).
+//!
+//! `dedup.rs`, `claims.rs`, `transport.rs`, `outbox.rs`: one `pub async fn` per rule, panicking
+//! with the rule's sentence.
+//! `lib.rs`: the macros (`dedup_store_tests!`, `dedup_claim_tests!`, `claim_store_tests!`,
+//! `outbox_store_tests!`, `transport_tests!`) that stamp one `#[tokio::test]` per rule, and
+//! `Backend`.
+//! `services.rs`: `service_available`, `unique_name`.
+//! `faults.rs`: `Faults` (a seeded `FaultHook`), `Effects` and `Verdict` (lost and duplicated
+//! effects, from the business data).
+//! `tls.rs`: `Pki`, a certificate authority of the test's own (rcgen) and what it signed, as
+//! PEM files in a temporary directory.
+//!
+//! **Invariant: the kit does no I/O beyond the TCP probe of `service_available` and the files
+//! of `tls::Pki`.**
+//!
 //! # Minimum supported Rust version
 //!
 //! 1.89.

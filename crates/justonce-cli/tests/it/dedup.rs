@@ -81,6 +81,21 @@ async fn dedup_state_is_read_explained_and_fixed() {
     assert_eq!(explain("ORD-1", &same), "duplicate");
     assert_eq!(explain("ORD-1", &other), "conflict");
     assert_eq!(explain("ORD-9", &same), "applied");
+    let ignored = json(&dedup(
+        &[
+            &[
+                "explain",
+                "payments",
+                "ORD-1",
+                "--payload",
+                other.to_str().unwrap(),
+            ][..],
+            &["--on-conflict", "ignore"],
+            &s,
+        ]
+        .concat(),
+    ));
+    assert_eq!(ignored["outcome"], "duplicate", "{ignored}");
 
     let c = ["--claims", curl.as_str()];
     let held = json(&dedup(

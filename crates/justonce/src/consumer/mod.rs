@@ -36,7 +36,9 @@ mod batch;
 mod breaker;
 mod claims;
 mod decide;
+mod explain;
 mod fault;
+mod gate;
 mod handler;
 mod observe;
 mod options;
@@ -55,6 +57,7 @@ use justonce_core::{
 
 use breaker::Breaker;
 pub use breaker::BreakerOptions;
+pub use explain::{explain, Explanation, Outcome};
 #[cfg(feature = "fault-injection")]
 pub use fault::FaultHook;
 #[cfg(not(feature = "fault-injection"))]
@@ -105,6 +108,8 @@ struct Inner<S: DedupStore, H> {
     window: batch::Window,
     /// Whether batches take the consumer's turn in the store now ([`batch::Turns`]).
     turns: batch::Turns,
+    /// Batches that share a lock key run one after the other ([`gate::Gate`]).
+    gate: gate::Gate,
     /// Registered at the first batch, so that a recorder installed before it sees them.
     instruments: OnceLock<Instruments>,
     health: Health,
@@ -250,6 +255,7 @@ where
                 breaker,
                 window,
                 turns: batch::Turns::default(),
+                gate: gate::Gate::default(),
                 instruments: OnceLock::new(),
                 health: Health::default(),
             }),
@@ -397,7 +403,7 @@ where
     /// Receives one batch (waiting up to `receive_wait` for it) and processes it.
     pub async fn run_once(&self) -> Result<BatchReport> {
         self.check_ready()?;
-        let batch = self.inner.receive_batch().await?;
+        let (batch, _) = self.inner.receive_batch().await?;
         if batch.is_empty() {
             return Ok(BatchReport::default());
         }

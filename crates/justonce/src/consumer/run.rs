@@ -15,7 +15,8 @@ where
     S: DedupStore,
     H: Handler<S::Tx>,
 {
-    pub(super) async fn receive_batch(&self) -> Result<Vec<Delivery>> {
+    /// A batch, in lock order, and its lock keys as the gate takes them.
+    pub(super) async fn receive_batch(&self) -> Result<(Vec<Delivery>, Vec<String>)> {
         let max = self.window.get();
         let mut batch = self
             .source
@@ -34,12 +35,17 @@ where
         // touching the same rows wait for each other instead of deadlocking. The sort is
         // stable: messages of one key keep their order; those without one come first
         // (`Inner::take_turn` reads that).
-        batch.sort_by_cached_key(|d| self.handler.lock_key(&d.message));
+        let mut keyed: Vec<(Option<String>, Delivery)> = batch
+            .into_iter()
+            .map(|d| (self.handler.lock_key(&d.message), d))
+            .collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        let (keys, batch): (Vec<Option<String>>, Vec<Delivery>) = keyed.into_iter().unzip();
         let instruments = self.instruments();
         instruments.received.increment(batch.len() as u64);
         let again = batch.iter().filter(|d| d.redelivered).count();
         instruments.redelivered.increment(again as u64);
-        Ok(batch)
+        Ok((batch, super::gate::keys(keys)))
     }
 
     pub(super) async fn worker(
@@ -55,16 +61,23 @@ where
             // `receive_wait`; what it got then goes back, uncounted.
             let batch = self.receive_batch().await;
             if *stop.borrow() {
-                if let Ok(b) = &batch {
+                if let Ok((b, _)) = &batch {
                     self.instruments().outcome(Fate::Released, b.len());
                     self.give_back(b).await;
                 }
                 break;
             }
             let result = match batch {
-                Ok(b) if b.is_empty() => continue,
-                // A batch that fails is handed back inside.
-                Ok(b) => self.process_or_singly(&b).await,
+                Ok((b, _)) if b.is_empty() => continue,
+                // A batch that fails is handed back inside. Batches of this consumer that
+                // share a lock key run one after the other (`gate.rs`).
+                Ok((b, keys)) => {
+                    let _pass = match self.opts.batching.concurrency {
+                        1 => None,
+                        _ => Some(self.gate.enter(keys).await),
+                    };
+                    self.process_or_singly(&b).await
+                }
                 Err(e) => Err(e),
             };
             // A batch that failed, or whose failures the open breaker handed back, is not

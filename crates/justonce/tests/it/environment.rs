@@ -458,3 +458,74 @@ async fn a_deadlocked_batch_runs_again_one_message_per_transaction_without_going
     let again = q.receive(1, Duration::from_secs(1)).await.unwrap();
     assert_eq!(again[0].attempt, 1, "the hand-back counted no attempt");
 }
+
+/// Records, per lock key, how many of its messages are in a handler at once, and how many
+/// handlers run at once in all.
+#[derive(Clone, Default)]
+struct Keyed {
+    busy: Arc<Mutex<std::collections::HashMap<String, usize>>>,
+    most_per_key: Arc<AtomicU32>,
+    now: Arc<AtomicU32>,
+    most: Arc<AtomicU32>,
+}
+
+impl Handler<MemoryTx> for Keyed {
+    fn lock_key(&self, message: &Message) -> Option<String> {
+        // "k{key}-{n}": the key before the dash.
+        let text = String::from_utf8_lossy(message.payload()).into_owned();
+        text.split('-').next().map(str::to_owned)
+    }
+
+    async fn handle(&self, cx: &Context<'_>, tx: &mut MemoryTx) -> Result<Disposition> {
+        let key = self.lock_key(cx.message()).unwrap_or_default();
+        let here = {
+            let mut busy = self.busy.lock().unwrap();
+            let n = busy.entry(key.clone()).or_default();
+            *n += 1;
+            *n as u32
+        };
+        self.most_per_key.fetch_max(here, Ordering::SeqCst);
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        *self.busy.lock().unwrap().get_mut(&key).unwrap() -= 1;
+        tx.record(String::from_utf8_lossy(cx.message().payload()));
+        Ok(Disposition::Ok)
+    }
+}
+
+/// At `concurrency(4)`, batches of one consumer that share a lock key run one after the
+/// other (the gate), while batches with other keys run beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_that_share_a_lock_key_run_one_after_the_other_and_the_rest_side_by_side() {
+    let q = Arc::new(MemoryQueue::new("q", Duration::from_secs(30)));
+    // Batches of 5, one key each: k0, k1, k2, k0, k1, … (each meets the batch three before
+    // it, never its neighbours).
+    let batch: Vec<Message> = (0..200)
+        .map(|i| {
+            let key = (i / 5) % 3;
+            Message::new(format!("k{key}-{i}"))
+                .with_id(format!("o{i}"))
+                .unwrap()
+        })
+        .collect();
+    q.publish_batch(&batch).await.unwrap();
+    let store = MemoryStore::new();
+    let mut opts = options(5);
+    opts.batching.concurrency = 4;
+    let handler = Keyed::default();
+    let source: Arc<dyn Source> = q.clone();
+    let c = Consumer::new(opts, source, store.clone(), handler.clone()).unwrap();
+    c.run_until(until_empty(q.clone())).await.unwrap();
+    assert_eq!(store.effects().len(), 200, "every order applied once");
+    assert_eq!(
+        handler.most_per_key.load(Ordering::SeqCst),
+        1,
+        "two batches with a key in common ran at once"
+    );
+    assert!(
+        handler.most.load(Ordering::SeqCst) >= 2,
+        "batches with other keys never ran side by side"
+    );
+}

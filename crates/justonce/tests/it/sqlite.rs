@@ -135,3 +135,121 @@ async fn bad_input_reaches_the_dead_letter_table_with_a_reason() {
         Some("orders")
     );
 }
+
+/// What `explain` says of a delivery, held against what a consumer does with it.
+#[tokio::test]
+async fn explain_says_what_the_consumer_does() {
+    use justonce::consumer::{explain, Outcome};
+    use justonce::sql::SqliteClaimStore;
+    use justonce::{
+        BatchReport, ClaimStore, ConflictPolicy, DedupKey, Idempotency, InspectClaims,
+        InspectStore, MessageId,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = |f: &str| format!("sqlite:{}", dir.path().join(f).display());
+    let queue = SqliteQueue::open(&url("q.db"), "orders").await.unwrap();
+    let store = SqliteStore::open(&url("s.db")).await.unwrap();
+    let claims = std::sync::Arc::new(SqliteClaimStore::open(&url("c.db")).await.unwrap());
+    sqlx::query("CREATE TABLE ledger (order_id TEXT NOT NULL, amount INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let consumer = |mode: Idempotency, policy: ConflictPolicy| {
+        let mut opts = ConsumerOptions::new("ledger");
+        opts.batching.size = 1;
+        opts.batching.receive_wait = Duration::from_millis(200);
+        opts.dedup.idempotency = mode;
+        opts.dedup.on_conflict = policy;
+        opts.dedup.claim_lease = Duration::from_secs(30);
+        // A retried delivery stays away for the rest of the test.
+        opts.retry.backoff_base = Duration::from_secs(60);
+        opts.retry.backoff_max = Duration::from_secs(60);
+        Consumer::new(opts, queue.clone(), store.clone(), Ledger)
+            .unwrap()
+            .with_claims(claims.clone())
+            .unwrap()
+    };
+    let did = |r: BatchReport| match r {
+        r if r.dead_lettered == 1 => Outcome::Conflict,
+        r if r.retried == 1 => Outcome::Retry,
+        r if r.duplicates == 1 => Outcome::Duplicate,
+        r if r.acked == 1 && r.handled == 1 => Outcome::Applied,
+        r => panic!("a report with no single outcome: {r:?}"),
+    };
+    let payload = |id: &str, amount: i64| {
+        Message::new(format!(r#"{{"order_id":"{id}","amount":{amount}}}"#))
+            .with_id(id)
+            .unwrap()
+    };
+    // (mode, policy, id, amount, what the test expects both to say)
+    let dedup = Idempotency::DedupTable;
+    let claim = Idempotency::Claim;
+    let dl = ConflictPolicy::DeadLetter;
+    let cases = [
+        (dedup, dl, "m1", 5, Outcome::Applied),
+        (dedup, dl, "m1", 5, Outcome::Duplicate),
+        (dedup, dl, "m1", 7, Outcome::Conflict),
+        (dedup, ConflictPolicy::Ignore, "m1", 7, Outcome::Duplicate),
+        (claim, dl, "c1", 5, Outcome::Applied),
+        (claim, dl, "c1", 5, Outcome::Duplicate),
+        (claim, dl, "c2", 5, Outcome::Retry), // held by another delivery (below)
+        (claim, dl, "c2", 7, Outcome::Retry), // held: its payload is not compared yet
+        (claim, dl, "c1", 7, Outcome::Conflict), // completed with another payload
+        (claim, dl, "c3", 5, Outcome::Applied), // its holder's lease ran out (below)
+    ];
+    let held = MessageId::new("c2").unwrap();
+    let key = DedupKey {
+        consumer: "ledger",
+        message_id: &held,
+    };
+    claims
+        .acquire(key, payload("c2", 5).fingerprint(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let lapsed = MessageId::new("c3").unwrap();
+    let key3 = DedupKey {
+        consumer: "ledger",
+        message_id: &lapsed,
+    };
+    claims
+        .acquire(
+            key3,
+            payload("c3", 5).fingerprint(),
+            Duration::from_millis(1),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    for (i, (mode, policy, id, amount, want)) in cases.into_iter().enumerate() {
+        let message = payload(id, amount);
+        let mid = MessageId::new(id).unwrap();
+        let key = DedupKey {
+            consumer: "ledger",
+            message_id: &mid,
+        };
+        let record = store.dedup_record(key).await.unwrap();
+        let claimed = match mode {
+            Idempotency::Claim => claims.claim_record(key).await.unwrap(),
+            _ => None,
+        };
+        let said = explain(
+            &mid,
+            record.as_ref(),
+            claimed.as_ref(),
+            message.fingerprint(),
+            policy,
+        );
+        queue.publish(&message).await.unwrap();
+        let report = consumer(mode, policy).run_once().await.unwrap();
+        let done = did(report);
+        assert_eq!(
+            (said.outcome, done),
+            (want, want),
+            "case {i} ({id}, amount {amount}): explain said {} ({}), the consumer did {done}",
+            said.outcome,
+            said.why
+        );
+    }
+}
