@@ -197,8 +197,8 @@ async fn stats(a: StatsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The record and the claim of one key.
-async fn lookup(k: &KeyArgs) -> Result<(Option<DedupRecord>, Option<ClaimRecord>)> {
+/// The message id of one key, its record and its claim.
+async fn lookup(k: &KeyArgs) -> Result<(MessageId, Option<DedupRecord>, Option<ClaimRecord>)> {
     let id = MessageId::new(k.id.clone()).context("the message id")?;
     let key = DedupKey {
         consumer: &k.consumer,
@@ -210,7 +210,7 @@ async fn lookup(k: &KeyArgs) -> Result<(Option<DedupRecord>, Option<ClaimRecord>
         Some(c) => c.claim_record(key).await?,
         None => None,
     };
-    Ok((record, claim))
+    Ok((id, record, claim))
 }
 
 async fn claims(s: &Store) -> Result<Option<std::sync::Arc<dyn InspectClaims>>> {
@@ -265,7 +265,7 @@ fn claim_text(c: &ClaimRecord) -> String {
 }
 
 async fn show(a: KeyArgs) -> Result<()> {
-    let (record, claim) = lookup(&a).await?;
+    let (_, record, claim) = lookup(&a).await?;
     if a.store.json {
         println!(
             "{}",
@@ -308,8 +308,7 @@ async fn explain(a: ExplainArgs) -> Result<()> {
         std::fs::read(&a.payload).with_context(|| format!("reading {}", a.payload))?
     };
     let fp = Fingerprint::of(&payload);
-    let (record, claim) = lookup(&a.key).await?;
-    let id = MessageId::new(a.key.id.clone()).context("the message id")?;
+    let (id, record, claim) = lookup(&a.key).await?;
     let policy = match a.on_conflict {
         OnConflict::DeadLetter => ConflictPolicy::DeadLetter,
         OnConflict::Ignore => ConflictPolicy::Ignore,

@@ -75,15 +75,6 @@ impl Visit for Fields {
             self.rest.push_str(&format!("{value:?} "));
         }
     }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.message = value.to_string();
-        } else {
-            self.rest.push_str(value);
-            self.rest.push(' ');
-        }
-    }
 }
 
 #[cfg(test)]
